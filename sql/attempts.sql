@@ -1,0 +1,40 @@
+-- name: claim_next^
+-- Reserve org, project and pool capacity in lock order, then take one job (SKIP LOCKED); see pgd_claim.
+SELECT * FROM pgd_claim(:runner_id, CAST(:pool_ids AS bigint[]), CAST(:claim_token AS uuid), :lease_seconds);
+
+-- name: find_claim^
+-- After a lost connection: did the claim with this token commit? Read-only.
+SELECT a.id AS attempt_id, a.job_id, a.attempt_no, a.generation, a.lease_expires_at, a.state,
+       j.project_id, j.pool_id, j.target_id, j.command, j.timeout_seconds
+  FROM attempts a JOIN jobs j ON j.id = a.job_id
+ WHERE a.claim_token = CAST(:claim_token AS uuid);
+
+-- name: extend_lease^
+-- Heartbeat: extend the lease only if the attempt still runs with this generation; no row = fenced out.
+-- Locks only the attempt row (last in lock order).
+UPDATE attempts a
+   SET lease_expires_at = clock_timestamp() + make_interval(secs => :lease_seconds),
+       last_heartbeat_at = now()
+  FROM jobs j
+ WHERE a.id = :attempt_id AND a.generation = :generation AND a.state = 'running'
+   AND j.id = a.job_id
+RETURNING a.lease_expires_at, j.cancel_requested_at IS NOT NULL AS is_cancel_requested;
+
+-- name: complete_attempt$
+-- Record an outcome once (receipt key), release every reservation, retry or end the job; see pgd_complete.
+SELECT pgd_complete(:attempt_id, :generation, :outcome, :exit_code, :error, :output_tail,
+                    :receipt_key, :backoff_base_seconds, :backoff_cap_seconds);
+
+-- name: expire_lease$
+-- End one lapsed lease in lock order (SKIP LOCKED on the job); NULL when none; see pgd_expire_one.
+SELECT pgd_expire_one(:backoff_base_seconds, :backoff_cap_seconds);
+
+-- name: list_attempts
+-- A job's attempts, oldest first, with the runner's name. Read-only.
+SELECT a.id, a.job_id, a.attempt_no, a.generation, a.runner_id, r.name AS runner_name,
+       r.hostname AS runner_hostname, a.state, a.claimed_at, a.lease_expires_at,
+       a.last_heartbeat_at, a.finished_at, a.exit_code, a.error,
+       right(a.output_tail, :tail_chars) AS output_tail
+  FROM attempts a JOIN runners r ON r.id = a.runner_id
+ WHERE a.job_id = :job_id
+ ORDER BY a.attempt_no;

@@ -1,0 +1,162 @@
+"""``pgdispatch apply FILE.toml``: declare organizations, pools, projects, targets and users.
+
+The file is validated whole before anything is written, then applied in one transaction:
+idempotent (applying the same file twice changes nothing) and all-or-nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from .db import in_transaction
+from .errors import InvalidInput
+from .queries import Q
+from .users import ROLES, hash_password, verify_password
+from .validate import check_int, check_text
+
+SECTIONS = ("organizations", "pools", "projects", "targets", "users")
+
+
+def _entries(doc: dict[str, Any], section: str, allowed: set[str], required: set[str]) -> list[dict]:
+    entries = doc.get(section, [])
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise InvalidInput(f"[[{section}]] must be an array of tables")
+    seen = set()
+    for i, entry in enumerate(entries):
+        where = f"{section}[{i}]"
+        unknown = set(entry) - allowed
+        if unknown:
+            raise InvalidInput(f"{where}: unknown key {sorted(unknown)[0]!r}")
+        missing = required - set(entry)
+        if missing:
+            raise InvalidInput(f"{where}: missing key {sorted(missing)[0]!r}")
+        key = entry.get("name", entry.get("username"))
+        if key in seen:
+            raise InvalidInput(f"{where}: {key!r} is declared twice")
+        seen.add(key)
+    return entries
+
+
+def load_config(text: str, env: dict[str, str] | None = None) -> dict[str, list[dict]]:
+    """Parse and validate an apply file; passwords are read from their ``password_env``.
+
+    Returns:
+        {"organizations": [...], "pools": [...], "projects": [...], "targets": [...],
+         "users": [{"username", "role", "password"}]}.
+    Raises:
+        InvalidInput: bad TOML, unknown or missing keys, values out of range, a missing
+        password variable.
+    """
+    env = os.environ if env is None else env
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidInput(f"not valid TOML: {exc}") from None
+    unknown = set(doc) - set(SECTIONS)
+    if unknown:
+        raise InvalidInput(f"unknown section {sorted(unknown)[0]!r}")
+    orgs = _entries(doc, "organizations", {"name", "max_running"}, {"name", "max_running"})
+    pools = _entries(doc, "pools", {"name", "slots"}, {"name", "slots"})
+    projects = _entries(doc, "projects", {"name", "organization", "pools", "weight", "max_running"},
+                        {"name", "organization"})
+    targets = _entries(doc, "targets", {"name"}, {"name"})
+    users = _entries(doc, "users", {"username", "role", "password_env"},
+                     {"username", "role", "password_env"})
+    for e in orgs:
+        check_text("organization name", e["name"], max_len=63)
+        e["max_running"] = check_int(f"organization {e['name']} max_running", e["max_running"], 0, 100000)
+    for e in pools:
+        check_text("pool name", e["name"], max_len=63)
+        e["slots"] = check_int(f"pool {e['name']} slots", e["slots"], 0, 100000)
+    for e in projects:
+        check_text("project name", e["name"], max_len=63)
+        check_text(f"project {e['name']} organization", e["organization"], max_len=63)
+        e["weight"] = check_int(f"project {e['name']} weight", e.get("weight", 1), 1, 1000)
+        if e.get("max_running") is not None:
+            e["max_running"] = check_int(f"project {e['name']} max_running", e["max_running"], 0, 100000)
+        else:
+            e["max_running"] = None
+        e["pools"] = e.get("pools", [])
+        if not isinstance(e["pools"], list):
+            raise InvalidInput(f"project {e['name']} pools must be a list of pool names")
+        for p in e["pools"]:
+            check_text(f"project {e['name']} pool", p, max_len=63)
+    for e in targets:
+        check_text("target name", e["name"], max_len=63)
+    out_users = []
+    for e in users:
+        check_text("username", e["username"], max_len=63)
+        if e["role"] not in ROLES:
+            raise InvalidInput(f"user {e['username']}: role must be one of {', '.join(ROLES)}")
+        password = env.get(e["password_env"])
+        if not password:
+            raise InvalidInput(f"user {e['username']}: environment variable {e['password_env']} is not set")
+        if len(password) < 8:
+            raise InvalidInput(f"user {e['username']}: password must be at least 8 characters")
+        out_users.append({"username": e["username"], "role": e["role"], "password": password})
+    return {"organizations": orgs, "pools": pools, "projects": projects, "targets": targets,
+            "users": out_users}
+
+
+def _apply(conn, cfg: dict[str, list[dict]], actor: str) -> dict[str, int]:
+    org_names = {r["name"] for r in Q.list_organizations(conn)} | {o["name"] for o in cfg["organizations"]}
+    pool_names = {r["name"] for r in Q.list_pools(conn)} | {p["name"] for p in cfg["pools"]}
+    for p in cfg["projects"]:
+        if p["organization"] not in org_names:
+            raise InvalidInput(f"project {p['name']}: unknown organization {p['organization']}")
+        for pool in p["pools"]:
+            if pool not in pool_names:
+                raise InvalidInput(f"project {p['name']}: unknown pool {pool}")
+        current = Q.get_project_organization(conn, name=p["name"])
+        if current is not None and current != p["organization"]:
+            raise InvalidInput(f"project {p['name']} belongs to {current}; it cannot move to {p['organization']}")
+    changed = 0
+    for o in cfg["organizations"]:
+        changed += Q.upsert_organization(conn, name=o["name"], max_running=o["max_running"])
+    for p in cfg["pools"]:
+        changed += Q.upsert_pool(conn, name=p["name"], slots=p["slots"])
+    for p in cfg["projects"]:
+        changed += Q.upsert_project(conn, name=p["name"], organization=p["organization"],
+                                    weight=p["weight"], max_running=p["max_running"])
+        changed += Q.set_project_pools(conn, project=p["name"], pools=p["pools"])
+        changed += Q.revoke_other_pools(conn, project=p["name"], pools=p["pools"])
+    for t in cfg["targets"]:
+        changed += Q.upsert_target(conn, name=t["name"])
+    for u in cfg["users"]:
+        existing = Q.get_user(conn, username=u["username"])
+        if existing and existing["role"] == u["role"] and verify_password(existing["password_hash"], u["password"]):
+            continue
+        changed += Q.upsert_user(conn, username=u["username"], role=u["role"],
+                                 password_hash=hash_password(u["password"]))
+    counts = {k: len(v) for k, v in cfg.items()}
+    if changed:
+        import json
+        Q.record_event(conn, actor=actor, action="apply_config", subject="config", reason=None,
+                       details=json.dumps({"changed_rows": changed, **counts}))
+    counts["changed_rows"] = changed
+    return counts
+
+
+def apply_config(conn, text: str, *, actor: str, env: dict[str, str] | None = None) -> dict[str, int]:
+    """Validate and apply an apply file in one transaction; audited when anything changed.
+
+    Returns:
+        counts per section and ``changed_rows`` (0 when the database already matched).
+    Raises:
+        InvalidInput: see ``load_config``; unknown organization or pool; a project moved
+        between organizations. Nothing is written then.
+    """
+    cfg = load_config(text, env)
+    return in_transaction(conn, _apply, cfg, actor, tx_name="apply_config")
+
+
+def apply_file(conn, path: str | Path, *, actor: str) -> dict[str, int]:
+    """``apply_config`` on a file. Raises InvalidInput when it cannot be read."""
+    try:
+        text = Path(path).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"cannot read {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+    return apply_config(conn, text, actor=actor)

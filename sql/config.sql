@@ -1,0 +1,66 @@
+-- name: upsert_organization!
+-- Declare an organization and its concurrency limit (idempotent by name).
+INSERT INTO organizations (name, max_running) VALUES (:name, :max_running)
+ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running
+ WHERE organizations.max_running IS DISTINCT FROM excluded.max_running;
+
+-- name: upsert_pool!
+-- Declare a pool and its slots (idempotent by name).
+INSERT INTO pools (name, slots) VALUES (:name, :slots)
+ON CONFLICT (name) DO UPDATE SET slots = excluded.slots
+ WHERE pools.slots IS DISTINCT FROM excluded.slots;
+
+-- name: get_project_organization$
+-- The organization a project belongs to, by names. Read-only.
+SELECT o.name FROM projects p JOIN organizations o ON o.id = p.organization_id WHERE p.name = :name;
+
+-- name: upsert_project!
+-- Declare a project: organization, fairness weight, optional running bound (idempotent by name).
+INSERT INTO projects (name, organization_id, weight, max_running)
+SELECT :name, o.id, :weight, :max_running FROM organizations o WHERE o.name = :organization
+ON CONFLICT (name) DO UPDATE SET weight = excluded.weight, max_running = excluded.max_running
+ WHERE (projects.weight, projects.max_running) IS DISTINCT FROM (excluded.weight, excluded.max_running);
+
+-- name: set_project_pools!
+-- Grant exactly these pools to a project: add the missing grants.
+INSERT INTO project_pools (project_id, pool_id)
+SELECT p.id, q.id FROM projects p, pools q
+ WHERE p.name = :project AND q.name = ANY (CAST(:pools AS text[]))
+ON CONFLICT DO NOTHING;
+
+-- name: revoke_other_pools!
+-- Grant exactly these pools to a project: remove grants not listed.
+DELETE FROM project_pools pp USING projects p, pools q
+ WHERE pp.project_id = p.id AND pp.pool_id = q.id AND p.name = :project
+   AND NOT (q.name = ANY (CAST(:pools AS text[])));
+
+-- name: upsert_target!
+-- Declare a deployment target (idempotent by name; a new target is free).
+INSERT INTO targets (name) VALUES (:name) ON CONFLICT (name) DO NOTHING;
+
+-- name: get_user^
+-- One operator account by username. Read-only.
+SELECT id, username, password_hash, role, disabled_at FROM users WHERE username = :username;
+
+-- name: get_user_by_id^
+-- One operator account by id. Read-only.
+SELECT id, username, password_hash, role, disabled_at FROM users WHERE id = :user_id;
+
+-- name: upsert_user!
+-- Declare an operator account with its role and password hash.
+INSERT INTO users (username, password_hash, role) VALUES (:username, :password_hash, :role)
+ON CONFLICT (username) DO UPDATE SET password_hash = excluded.password_hash, role = excluded.role;
+
+-- name: create_api_token$
+-- Store a new bearer token's sha256 for a user; the token itself is never stored.
+INSERT INTO api_tokens (user_id, name, token_hash)
+SELECT u.id, :name, :token_hash FROM users u WHERE u.username = :username
+RETURNING id;
+
+-- name: find_api_token^
+-- The user behind a bearer token's sha256, if the token and the user are active.
+UPDATE api_tokens t SET last_used_at = now()
+  FROM users u
+ WHERE t.token_hash = :token_hash AND t.revoked_at IS NULL
+   AND u.id = t.user_id AND u.disabled_at IS NULL
+RETURNING u.id, u.username, u.role;

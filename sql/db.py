@@ -1,0 +1,103 @@
+"""Connections, the pool, and the transaction retry policy. Only ``sql`` imports psycopg."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import random
+import time
+from typing import Any, Callable, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from . import metrics
+from .errors import translate
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+Connection = psycopg.Connection
+RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
+MAX_TRIES = 6
+
+
+def connect(url: str, *, application_name: str = "pgdispatch", **kwargs: Any) -> psycopg.Connection:
+    """Open an autocommit connection returning dict rows; open transactions with
+    ``with conn.transaction():``.
+
+    Raises:
+        DatabaseUnavailable: the server cannot be reached.
+    """
+    try:
+        return psycopg.connect(url, autocommit=True, row_factory=dict_row,
+                               application_name=application_name, **kwargs)
+    except psycopg.Error as exc:
+        raise translate(exc) from None
+
+
+def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pgdispatch",
+              timeout_seconds: float = 10.0) -> ConnectionPool:
+    """A connection pool whose connections are checked on checkout, so that after a
+    database restart a broken connection is replaced instead of handed out."""
+    return ConnectionPool(
+        url, min_size=min_size, max_size=max_size, name=name, open=True,
+        timeout=timeout_seconds, check=ConnectionPool.check_connection,
+        kwargs=dict(autocommit=True, row_factory=dict_row, application_name=name),
+        reconnect_timeout=300)
+
+
+def backoff_sleep(try_no: int, *, base_seconds: float = 0.01, cap_seconds: float = 1.0) -> None:
+    """Sleep a full-jitter exponential delay: uniform(0, min(cap, base * 2**try_no)) seconds."""
+    time.sleep(random.uniform(0, min(cap_seconds, base_seconds * (2 ** try_no))))
+
+
+def in_transaction(conn: psycopg.Connection, fn: Callable[..., T], *args: Any,
+                   tx_name: str = "transaction", max_tries: int = MAX_TRIES, **kwargs: Any) -> T:
+    """Run ``fn(conn, *args, **kwargs)`` in one transaction, retrying the whole of it after
+    a deadlock (SQLSTATE 40P01) or serialization failure (40001), with jittered backoff,
+    at most ``max_tries`` times (PostgreSQL docs 13.4, "Serialization Failure Handling").
+
+    Raises:
+        our exceptions (sql.errors) translated from database errors.
+    """
+    for try_no in range(1, max_tries + 1):
+        try:
+            with conn.transaction():
+                return fn(conn, *args, **kwargs)
+        except RETRYABLE as exc:
+            metrics.TRANSACTION_RETRIES.labels(name=tx_name, sqlstate=exc.sqlstate or "").inc()
+            log.warning("%s: %s (SQLSTATE %s), retry %d of %d", tx_name, type(exc).__name__,
+                        exc.sqlstate, try_no, max_tries - 1)
+            if try_no == max_tries:
+                raise translate(exc) from None
+            backoff_sleep(try_no)
+        except psycopg.Error as exc:
+            raised = translate(exc)
+            if raised is exc:
+                raise
+            raise raised from None
+    raise AssertionError("unreachable")
+
+
+def transition(name: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Decorator for a transition ``fn(conn, ...)``: when the connection is idle it runs in
+    its own retried transaction (``in_transaction``); inside the caller's transaction it runs
+    once, errors translated, and the caller owns the retry."""
+
+    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(fn)
+        def run(conn: psycopg.Connection, *args: Any, **kwargs: Any) -> T:
+            if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                return in_transaction(conn, fn, *args, tx_name=name, **kwargs)
+            try:
+                return fn(conn, *args, **kwargs)
+            except psycopg.Error as exc:
+                raised = translate(exc)
+                if raised is exc:
+                    raise
+                raise raised from None
+        return run
+    return wrap

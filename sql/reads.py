@@ -1,0 +1,111 @@
+"""Read-only queries for the console, the API and the CLI (no state changes here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .db import transition
+from .errors import NotFound
+from .explain import read_world, reasons_for, summary_reason_counts
+from .queries import Q
+
+
+@transition("show_job")
+def show_job(conn, *, job_id: int, tail_chars: int = 65536) -> dict[str, Any]:
+    """One job with its attempts (oldest first; each with up to ``tail_chars`` of output).
+
+    Raises: NotFound.
+    """
+    job = Q.get_job(conn, job_id=job_id)
+    if job is None:
+        raise NotFound(f"unknown job {job_id}")
+    job["attempts"] = list(Q.list_attempts(conn, job_id=job_id, tail_chars=tail_chars))
+    return job
+
+
+@transition("list_waiting")
+def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str | None = None,
+                 project: str | None = None, pool: str | None = None, reason: str | None = None,
+                 live_seconds: float = 90.0) -> dict[str, Any]:
+    """Waiting jobs (blocked, queued, uncertain) by id after ``after_id``, each with its reasons.
+
+    With ``reason``, only jobs whose first reason has that code are returned (the scan goes on
+    page by page until ``limit`` match or the queue ends).
+
+    Returns:
+        {"jobs": [job + "reasons"], "next_after_id": id or None}.
+    """
+    world = read_world(conn, live_seconds=live_seconds)
+    out: list[dict[str, Any]] = []
+    cursor = after_id
+    while len(out) < limit:
+        batch = list(Q.list_waiting_jobs(conn, after_id=cursor, limit=max(limit, 200) if reason else limit,
+                                         organization=organization, project=project, pool=pool))
+        if not batch:
+            cursor = None
+            break
+        for job in batch:
+            cursor = job["id"]
+            job["reasons"] = [r.as_dict() for r in reasons_for(job, world)]
+            if reason is None or job["reasons"][0]["code"] == reason:
+                out.append(job)
+                if len(out) == limit:
+                    break
+        if len(batch) < (max(limit, 200) if reason else limit) and len(out) < limit:
+            cursor = None
+            break
+    return {"jobs": out, "next_after_id": cursor if out and cursor else None}
+
+
+@transition("overview")
+def overview(conn, *, live_seconds: float = 90.0) -> dict[str, Any]:
+    """What the overview page shows: capacity per organization and pool, waiting jobs by
+    reason (from the queue summary, with its age in seconds), targets uncertain first."""
+    world = read_world(conn, live_seconds=live_seconds)
+    summaries = list(Q.read_queue_summaries(conn))
+    counts = summary_reason_counts(summaries, world)
+    uncertain_jobs = sum(1 for t in world.targets.values() if t["state"] == "uncertain")
+    counts["target_uncertain"] += uncertain_jobs
+    ages = [s["age_seconds"] for s in summaries]
+    return {
+        "now": world.now,
+        "organizations": list(world.organizations.values()),
+        "pools": list(world.pools.values()),
+        "targets": list(world.targets.values()),
+        "reason_counts": counts,
+        "summary_age_seconds": max(ages) if ages else None,
+        "jobs_by_state": {r["state"]: r["n"] for r in Q.count_jobs_by_state(conn)},
+        "runners": list(Q.list_runners(conn, live_seconds=live_seconds)),
+    }
+
+
+@transition("list_projects")
+def list_projects(conn) -> list[dict[str, Any]]:
+    """Projects with organization, limits, running count, pause state and pools."""
+    return list(Q.list_projects(conn))
+
+
+@transition("list_targets")
+def list_targets(conn) -> list[dict[str, Any]]:
+    """Targets, uncertain first, with holder and last-attempt evidence."""
+    return list(Q.list_targets(conn))
+
+
+@transition("list_runners")
+def list_runners(conn, *, live_seconds: float = 90.0) -> list[dict[str, Any]]:
+    """Runners (live, draining, recently stopped) with slots used."""
+    return list(Q.list_runners(conn, live_seconds=live_seconds))
+
+
+@transition("list_audit")
+def list_audit(conn, *, before_id: int = 2**63 - 1, limit: int = 100, actor: str | None = None,
+               action: str | None = None, subject: str | None = None) -> list[dict[str, Any]]:
+    """Audit events, newest first, keyset-paginated by id."""
+    return list(Q.list_audit_events(conn, before_id=before_id, limit=limit, actor=actor,
+                                    action=action, subject=subject))
+
+
+@transition("list_recent_jobs")
+def list_recent_jobs(conn, *, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
+    """The newest jobs of any state (or of ``state``)."""
+    return list(Q.list_recent_jobs(conn, limit=limit, state=state))

@@ -1,0 +1,33 @@
+-- name: register_runner$
+-- One row per scheduler process; its pools and slots.
+INSERT INTO runners (name, hostname, pid, pool_ids, slots)
+SELECT :name, :hostname, :pid, array_agg(q.id ORDER BY q.id), :slots
+  FROM pools q WHERE q.name = ANY (CAST(:pools AS text[]))
+HAVING count(*) = cardinality(CAST(:pools AS text[]))
+RETURNING id;
+
+-- name: beat_runner!
+-- Keep a runner row alive (the explain "no live runner" check reads last_heartbeat_at).
+UPDATE runners SET last_heartbeat_at = now(), draining = :draining WHERE id = :runner_id;
+
+-- name: stop_runner!
+-- Mark a runner stopped at shutdown.
+UPDATE runners SET stopped_at = now(), draining = true WHERE id = :runner_id AND stopped_at IS NULL;
+
+-- name: list_runners
+-- Runners not stopped, or stopped within the hour, with live flag and slots used.
+SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
+       r.stopped_at,
+       ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
+       (r.stopped_at IS NULL AND r.last_heartbeat_at > now() - make_interval(secs => :live_seconds)) AS is_live,
+       (SELECT count(*) FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running') AS slots_used
+  FROM runners r
+ WHERE r.stopped_at IS NULL OR r.stopped_at > now() - interval '1 hour'
+ ORDER BY r.stopped_at IS NOT NULL, r.name, r.id;
+
+-- name: live_runner_pools
+-- Pool ids served by at least one live, non-draining runner. Read-only.
+SELECT DISTINCT unnest(r.pool_ids) AS pool_id
+  FROM runners r
+ WHERE r.stopped_at IS NULL AND NOT r.draining
+   AND r.last_heartbeat_at > now() - make_interval(secs => :live_seconds);

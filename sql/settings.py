@@ -1,0 +1,99 @@
+"""Configuration read once from the environment, shared by every pgdispatch process."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+from pathlib import Path
+
+from .errors import InvalidInput
+
+
+def _float(env: dict[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidInput(f"{name} must be a number of seconds, got {raw!r}") from None
+    if not value > minimum or value != value or value == float("inf"):
+        raise InvalidInput(f"{name} must be greater than {minimum:g}, got {raw!r}")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """Process settings; every duration is in seconds.
+
+    Attributes:
+        database_url: libpq URL, or None for the embedded server under ``data_dir``.
+        data_dir: where the embedded server and the demo's generated secret live.
+        lease_seconds: lease granted by a claim or a heartbeat.
+        heartbeat_seconds: how often a running job's lease is extended (default lease / 3).
+        claim_interval_seconds: how often an idle scheduler looks for work.
+        expire_interval_seconds: how often a scheduler runs the expiry pass.
+        summary_interval_seconds: how often a scheduler refreshes the queue summary.
+        backoff_base_seconds / backoff_cap_seconds: retry backoff (see pgd_backoff_seconds).
+        secret_key: session signing key for the console; None until resolved.
+        bind: console address, HOST:PORT.
+    """
+
+    database_url: str | None = None
+    data_dir: Path = Path(".pgdispatch")
+    lease_seconds: float = 30.0
+    heartbeat_seconds: float = 10.0
+    claim_interval_seconds: float = 1.0
+    expire_interval_seconds: float = 5.0
+    summary_interval_seconds: float = 5.0
+    backoff_base_seconds: float = 2.0
+    backoff_cap_seconds: float = 300.0
+    secret_key: str | None = None
+    bind: str = "127.0.0.1:8000"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides) -> "Settings":
+        """Read ``PGDISPATCH_*`` and ``DATABASE_URL`` (DESIGN.md, Configuration).
+
+        Raises:
+            InvalidInput: a variable is present but not a positive number.
+        """
+        env = dict(os.environ if env is None else env)
+        lease = _float(env, "PGDISPATCH_LEASE_SECONDS", 30.0)
+        values = dict(
+            database_url=env.get("DATABASE_URL") or None,
+            data_dir=Path(env.get("PGDISPATCH_DATA_DIR") or ".pgdispatch"),
+            lease_seconds=lease,
+            heartbeat_seconds=_float(env, "PGDISPATCH_HEARTBEAT_SECONDS", lease / 3),
+            claim_interval_seconds=_float(env, "PGDISPATCH_CLAIM_INTERVAL_SECONDS", 1.0),
+            expire_interval_seconds=_float(env, "PGDISPATCH_EXPIRE_INTERVAL_SECONDS", 5.0),
+            summary_interval_seconds=_float(env, "PGDISPATCH_SUMMARY_INTERVAL_SECONDS", 5.0),
+            backoff_base_seconds=_float(env, "PGDISPATCH_BACKOFF_BASE_SECONDS", 2.0),
+            backoff_cap_seconds=_float(env, "PGDISPATCH_BACKOFF_CAP_SECONDS", 300.0),
+            secret_key=env.get("PGDISPATCH_SECRET_KEY") or None,
+            bind=env.get("PGDISPATCH_BIND") or "127.0.0.1:8000",
+        )
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        settings = cls(**values)
+        if settings.heartbeat_seconds >= settings.lease_seconds:
+            raise InvalidInput(
+                f"heartbeat ({settings.heartbeat_seconds:g} s) must be shorter than the lease "
+                f"({settings.lease_seconds:g} s)")
+        return settings
+
+    def with_overrides(self, **overrides) -> "Settings":
+        """A copy with the given non-None fields replaced."""
+        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def resolved_secret_key(self) -> str:
+        """The session key: PGDISPATCH_SECRET_KEY, else one generated once into data_dir."""
+        if self.secret_key:
+            return self.secret_key
+        path = self.data_dir / "secret_key"
+        if not path.exists():
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(48))
+        return path.read_text().strip()

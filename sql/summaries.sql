@@ -1,0 +1,47 @@
+-- name: summarize_queue!
+-- Refresh the per-(project, pool) waiting counts the overview reads; touches no job row.
+WITH counts AS (
+    SELECT j.project_id, j.pool_id,
+           count(*) FILTER (WHERE j.state = 'queued' AND j.ready_at <= now()) AS queued_ready,
+           count(*) FILTER (WHERE j.state = 'queued' AND j.ready_at <= now()
+                              AND t.state = 'held') AS target_held,
+           count(*) FILTER (WHERE j.state = 'queued' AND j.ready_at <= now()
+                              AND t.state = 'uncertain') AS target_uncertain,
+           count(*) FILTER (WHERE j.state = 'queued' AND j.ready_at > now()) AS queued_delayed,
+           count(*) FILTER (WHERE j.state = 'blocked' AND j.pending_dependencies > 0) AS blocked_dependency,
+           count(*) FILTER (WHERE j.state = 'blocked' AND j.pending_dependencies = 0) AS blocked_approval,
+           min(j.ready_at) FILTER (WHERE j.state = 'queued' AND j.ready_at <= now()) AS oldest_ready_at
+      FROM jobs j
+      LEFT JOIN targets t ON t.id = j.target_id
+     WHERE j.state IN ('queued', 'blocked')
+     GROUP BY j.project_id, j.pool_id
+), upserted AS (
+    INSERT INTO queue_summaries AS s (project_id, pool_id, queued_ready, target_held,
+                                      target_uncertain, queued_delayed, blocked_dependency,
+                                      blocked_approval, oldest_ready_at, refreshed_at)
+    SELECT project_id, pool_id, queued_ready, target_held, target_uncertain, queued_delayed,
+           blocked_dependency, blocked_approval, oldest_ready_at, now()
+      FROM counts
+    ON CONFLICT (project_id, pool_id) DO UPDATE
+       SET queued_ready = excluded.queued_ready, target_held = excluded.target_held,
+           target_uncertain = excluded.target_uncertain, queued_delayed = excluded.queued_delayed,
+           blocked_dependency = excluded.blocked_dependency,
+           blocked_approval = excluded.blocked_approval,
+           oldest_ready_at = excluded.oldest_ready_at, refreshed_at = excluded.refreshed_at
+    RETURNING s.project_id, s.pool_id
+)
+UPDATE queue_summaries s
+   SET queued_ready = 0, target_held = 0, target_uncertain = 0, queued_delayed = 0,
+       blocked_dependency = 0, blocked_approval = 0, oldest_ready_at = NULL, refreshed_at = now()
+ WHERE NOT EXISTS (SELECT 1 FROM counts c WHERE c.project_id = s.project_id AND c.pool_id = s.pool_id);
+
+-- name: read_queue_summaries
+-- The summary rows with names, and how old they are in seconds. Read-only.
+SELECT s.project_id, p.name AS project, p.organization_id, s.pool_id, q.name AS pool,
+       s.queued_ready, s.target_held, s.target_uncertain, s.queued_delayed,
+       s.blocked_dependency, s.blocked_approval, s.oldest_ready_at, s.refreshed_at,
+       extract(epoch FROM now() - s.refreshed_at)::float8 AS age_seconds
+  FROM queue_summaries s
+  JOIN projects p ON p.id = s.project_id
+  JOIN pools q ON q.id = s.pool_id
+ ORDER BY p.name, q.name;

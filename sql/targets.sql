@@ -1,0 +1,17 @@
+-- name: resolve_target$
+-- Resolve an uncertain target (succeeded | failed | retry, note required; conditional, audited).
+SELECT pgd_resolve_target(:target, :outcome, :note, :actor);
+
+-- name: list_targets
+-- Targets, uncertain first, with the holding job, its project, and the evidence of its last attempt.
+SELECT t.id, t.name, t.state, t.holder_job_id, t.held_since, p.name AS holder_project,
+       a.id AS attempt_id, a.state AS attempt_state, a.last_heartbeat_at, a.lease_expires_at,
+       r.name AS runner_name, r.hostname AS runner_hostname,
+       right(a.output_tail, 4096) AS output_tail
+  FROM targets t
+  LEFT JOIN jobs j ON j.id = t.holder_job_id
+  LEFT JOIN projects p ON p.id = j.project_id
+  LEFT JOIN LATERAL (SELECT * FROM attempts x WHERE x.job_id = j.id
+                      ORDER BY x.attempt_no DESC LIMIT 1) a ON true
+  LEFT JOIN runners r ON r.id = a.runner_id
+ ORDER BY (t.state = 'uncertain') DESC, (t.state = 'held') DESC, t.name;

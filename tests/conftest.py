@@ -17,7 +17,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+from sql.embedded import ensure_runtime_dir  # noqa: E402
+
+ensure_runtime_dir()
 
 from sql import db, migrate  # noqa: E402
 

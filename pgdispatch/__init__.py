@@ -1,0 +1,1 @@
+"""pgdispatch: the command line and the demo, on top of ``webapp``, ``scheduler`` and ``sql``."""

@@ -1,0 +1,3 @@
+from pgdispatch.cli import main
+
+main()

@@ -1,0 +1,403 @@
+"""The ``pgdispatch`` command line (click).
+
+Every command honours DATABASE_URL, else the embedded server in ./.pgdispatch/ (migrated on
+first use). Commands that report data print JSON (``--json`` where the default is text). On
+bad input a command prints one line on stderr, changes nothing, and exits non-zero:
+2 usage or invalid input, 3 not found, 4 conflict (already resolved, fenced out),
+5 database unavailable, 1 anything else.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import getpass
+import json
+import logging
+import os
+import sys
+import uuid
+from typing import Any
+
+import click
+
+from sql import (Conflict, DatabaseUnavailable, FencedOut, InvalidInput, NotFound,
+                 PgDispatchError, Settings)
+
+EXIT_CODES = {InvalidInput: 2, NotFound: 3, Conflict: 4, FencedOut: 4, DatabaseUnavailable: 5}
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, (dt.datetime, dt.date)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal,)):
+        return float(value)
+    if isinstance(value, (uuid.UUID, bytes)):
+        return str(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def emit(data: Any) -> None:
+    """Print ``data`` as indented JSON on stdout."""
+    click.echo(json.dumps(data, indent=2, default=_json_default, sort_keys=False))
+
+
+class Context:
+    """What every command needs: settings, and a database URL resolved on first use."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._url: str | None = None
+
+    @property
+    def url(self) -> str:
+        """The database URL; the embedded server is started and migrated on first use."""
+        if self._url is None:
+            from sql import migrate
+
+            self._url = self.server_url
+            if not self.settings.database_url:
+                migrate.upgrade(self._url)
+        return self._url
+
+    @property
+    def server_url(self) -> str:
+        """The database URL without migrating (for ``db upgrade`` itself)."""
+        from sql import embedded
+
+        return embedded.database_url(self.settings)
+
+    def connect(self):
+        from sql import db
+
+        return db.connect(self.url, application_name="pgdispatch-cli")
+
+
+def default_actor() -> str:
+    """Who the audit log names for CLI actions: PGDISPATCH_ACTOR, else cli:<login name>."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        user = str(os.getuid())
+    return os.environ.get("PGDISPATCH_ACTOR") or f"cli:{user}"
+
+
+actor_option = click.option("--actor", default=None, help="Name recorded in the audit log "
+                            "(default: PGDISPATCH_ACTOR or cli:<user>).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Log at INFO level on stderr.")
+@click.pass_context
+def cli(ctx: click.Context, verbose: bool) -> None:
+    """pgdispatch: a durable dispatch control plane for build and deployment jobs."""
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ctx.obj = Context(Settings.from_env())
+
+
+# --- database ---------------------------------------------------------------------------
+
+@cli.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command("upgrade")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def db_upgrade(obj: Context, as_json: bool) -> None:
+    """Apply pending migrations (safe to run from several hosts at once)."""
+    from sql import migrate
+
+    url = obj.server_url
+    applied = migrate.upgrade(url)
+    if as_json:
+        emit({"applied": applied, "current": migrate.applied_migrations(url)})
+    else:
+        click.echo(f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else
+                                                             " (schema up to date)"))
+
+
+@cli.command("apply")
+@click.argument("path", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@actor_option
+@click.pass_obj
+def apply_cmd(obj: Context, path: str, as_json: bool, actor: str | None) -> None:
+    """Declare organizations, pools, projects, targets and users from a TOML file (idempotent)."""
+    from sql import config
+
+    with obj.connect() as conn:
+        result = config.apply_file(conn, path, actor=actor or default_actor())
+    if as_json:
+        emit(result)
+    else:
+        click.echo(", ".join(f"{k}: {v}" for k, v in result.items()))
+
+
+# --- jobs -------------------------------------------------------------------------------
+
+@cli.command("submit", context_settings={"allow_interspersed_args": False})
+@click.option("--project", required=True, help="Project name.")
+@click.option("--pool", required=True, help="Runner pool name.")
+@click.option("--target", default=None, help="Deployment target name (makes this a deployment).")
+@click.option("--priority", type=int, default=0, show_default=True, help="-1000..1000; higher first, within the project.")
+@click.option("--max-attempts", type=int, default=1, show_default=True, help="1..100.")
+@click.option("--timeout", "timeout_seconds", type=int, default=3600, show_default=True, help="Seconds, 1..604800.")
+@click.option("--delay", "delay_seconds", type=float, default=0.0, show_default=True, help="Seconds before it may start.")
+@click.option("--requires-approval", is_flag=True, help="Wait for an operator's approval.")
+@click.option("--depends-on", "depends_on", type=int, multiple=True, help="Job id that must succeed first (repeatable).")
+@click.option("--idempotency-key", default=None, help="Submitting the same key again returns the first job.")
+@actor_option
+@click.argument("command", nargs=-1, required=True)
+@click.pass_obj
+def submit_cmd(obj: Context, project: str, pool: str, target: str | None, priority: int,
+               max_attempts: int, timeout_seconds: int, delay_seconds: float,
+               requires_approval: bool, depends_on: tuple[int, ...], idempotency_key: str | None,
+               actor: str | None, command: tuple[str, ...]) -> None:
+    """Enqueue one job: pgdispatch submit --project P --pool Q [options] -- CMD [ARG]...
+
+    Prints the job as JSON with its id.
+    """
+    from sql import transitions
+
+    with obj.connect() as conn:
+        job = transitions.submit(conn, project=project, pool=pool, target=target, command=list(command),
+                                 priority=priority, max_attempts=max_attempts,
+                                 timeout_seconds=timeout_seconds, delay_seconds=delay_seconds,
+                                 requires_approval=requires_approval, depends_on=list(depends_on),
+                                 idempotency_key=idempotency_key, submitted_by=actor or default_actor())
+    emit(job)
+
+
+@cli.group()
+def jobs() -> None:
+    """Inspect and steer jobs."""
+
+
+@jobs.command("show")
+@click.argument("job_id", type=int)
+@click.pass_obj
+def jobs_show(obj: Context, job_id: int) -> None:
+    """One job with its attempts (JSON)."""
+    from sql import reads
+
+    with obj.connect() as conn:
+        emit(reads.show_job(conn, job_id=job_id))
+
+
+@jobs.command("explain")
+@click.argument("job_id", type=int)
+@click.pass_obj
+def jobs_explain(obj: Context, job_id: int) -> None:
+    """Why a job is not running: reason codes in precedence order, with numbers (JSON)."""
+    from sql import explain
+
+    with obj.connect() as conn:
+        emit(explain.explain_job(conn, job_id=job_id, live_seconds=obj.settings.lease_seconds * 3))
+
+
+def _job_action(name: str, doc: str):
+    @jobs.command(name, help=doc)
+    @click.argument("job_id", type=int)
+    @click.option("--reason", default=None, help="Why (recorded in the audit log).")
+    @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+    @actor_option
+    @click.pass_obj
+    def action(obj: Context, job_id: int, reason: str | None, as_json: bool, actor: str | None) -> None:
+        from sql import transitions
+
+        fn = getattr(transitions, f"{name}_job")
+        with obj.connect() as conn:
+            result = fn(conn, job_id=job_id, reason=reason, actor=actor or default_actor())
+        emit(result) if as_json else click.echo(f"job {job_id}: {result['state']}")
+    return action
+
+
+_job_action("approve", "Approve a job that requires approval (audited).")
+_job_action("cancel", "Cancel a waiting job, or stop a running one (audited).")
+_job_action("retry", "Queue a failed or cancelled job again (audited).")
+
+
+# --- projects and targets ---------------------------------------------------------------
+
+@cli.group()
+def projects() -> None:
+    """Pause and resume projects."""
+
+
+@projects.command("pause")
+@click.argument("name")
+@click.option("--reason", required=True, help="Why (shown to operators, audited).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@actor_option
+@click.pass_obj
+def projects_pause(obj: Context, name: str, reason: str, as_json: bool, actor: str | None) -> None:
+    """Pause a project: its queued jobs wait with reason project_paused."""
+    from sql import transitions
+
+    with obj.connect() as conn:
+        result = transitions.pause_project(conn, project=name, reason=reason, actor=actor or default_actor())
+    emit(result) if as_json else click.echo(f"project {name} paused")
+
+
+@projects.command("resume")
+@click.argument("name")
+@click.option("--reason", default=None, help="Why (audited).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@actor_option
+@click.pass_obj
+def projects_resume(obj: Context, name: str, reason: str | None, as_json: bool, actor: str | None) -> None:
+    """Resume a paused project."""
+    from sql import transitions
+
+    with obj.connect() as conn:
+        result = transitions.resume_project(conn, project=name, reason=reason, actor=actor or default_actor())
+    emit(result) if as_json else click.echo(f"project {name} resumed")
+
+
+@cli.group()
+def targets() -> None:
+    """Deployment targets."""
+
+
+@targets.command("resolve")
+@click.argument("name")
+@click.option("--outcome", required=True, type=click.Choice(["succeeded", "failed", "retry"]),
+              help="The lost deployment happened (succeeded), did not (failed), or run it again (retry).")
+@click.option("--note", required=True, help="What you checked (mandatory, audited).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@actor_option
+@click.pass_obj
+def targets_resolve(obj: Context, name: str, outcome: str, note: str, as_json: bool,
+                    actor: str | None) -> None:
+    """Resolve an uncertain target."""
+    from sql import transitions
+
+    with obj.connect() as conn:
+        result = transitions.resolve_target(conn, target=name, outcome=outcome, note=note,
+                                            actor=actor or default_actor())
+    emit(result) if as_json else click.echo(
+        f"target {name} resolved ({outcome}); job {result['job_id']} is {result['job_state']}")
+
+
+@cli.group()
+def tokens() -> None:
+    """API bearer tokens."""
+
+
+@tokens.command("create")
+@click.option("--user", "username", required=True, help="Existing username the token acts as.")
+@click.option("--name", default="api", show_default=True, help="A label for the token.")
+@click.pass_obj
+def tokens_create(obj: Context, username: str, name: str) -> None:
+    """Create an API token; it is printed once and stored only as a hash."""
+    from sql import users
+
+    with obj.connect() as conn:
+        click.echo(users.create_api_token(conn, username=username, name=name))
+
+
+# --- processes --------------------------------------------------------------------------
+
+@cli.command("expire")
+@click.option("--json", "as_json", is_flag=True, help="Print what expired as JSON.")
+@click.pass_obj
+def expire_cmd(obj: Context, as_json: bool) -> None:
+    """Run one lease-expiry pass."""
+    from sql import transitions
+
+    s = obj.settings
+    with obj.connect() as conn:
+        done = transitions.expire_leases(conn, backoff_base_seconds=s.backoff_base_seconds,
+                                         backoff_cap_seconds=s.backoff_cap_seconds)
+    emit(done) if as_json else click.echo(f"expired {len(done)} lease(s)")
+
+
+@cli.command("scheduler")
+@click.option("--pool", "pools", multiple=True, required=True, help="Pool to serve (repeatable).")
+@click.option("--slots", type=click.IntRange(1, 10000), required=True, help="Jobs run at once.")
+@click.option("--name", default=None, help="Runner name (default host:pid).")
+@click.option("--grace-seconds", type=click.FloatRange(0, 86400), default=30.0, show_default=True,
+              help="On SIGTERM, how long running jobs may finish before being handed back.")
+@click.pass_obj
+def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | None,
+                  grace_seconds: float) -> None:
+    """Run a scheduler process until SIGTERM/SIGINT."""
+    logging.getLogger().setLevel(logging.INFO)
+    from scheduler import main as scheduler_main
+
+    code = scheduler_main.run(obj.settings, database_url=obj.url, pools=list(pools), slots=slots,
+                              name=name, grace_seconds=grace_seconds)
+    sys.exit(code)
+
+
+@cli.command("web")
+@click.option("--bind", default=None, help="HOST:PORT (default PGDISPATCH_BIND or 127.0.0.1:8000).")
+@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True)
+@click.pass_obj
+def web_cmd(obj: Context, bind: str | None, workers: int) -> None:
+    """Serve the console and the JSON API under gunicorn."""
+    logging.getLogger().setLevel(logging.INFO)
+    from webapp import serve
+
+    settings = obj.settings.with_overrides(bind=bind)
+    _check_bind(settings.bind)
+    serve.serve(settings, database_url=obj.url, bind=settings.bind, workers=workers)
+
+
+def _check_bind(bind: str) -> None:
+    host, sep, port = bind.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidInput(f"bind must be HOST:PORT, got {bind!r}")
+
+
+@cli.command("demo")
+@click.option("--bind", default=None, help="Console address (default 127.0.0.1:8000).")
+@click.option("--duration", type=click.FloatRange(0), default=0, help="Stop after this many seconds (0: until Ctrl-C).")
+@click.pass_obj
+def demo_cmd(obj: Context, bind: str | None, duration: float) -> None:
+    """Everything on an embedded server with a steady demo workload; Ctrl-C stops it all."""
+    logging.getLogger().setLevel(logging.INFO)
+    from pgdispatch import demo
+
+    bind = bind or obj.settings.bind
+    _check_bind(bind)
+    sys.exit(demo.run(obj.settings, bind=bind, duration_seconds=duration or None))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: run the CLI, turning every error into one line on stderr and an exit code."""
+    try:
+        cli.main(args=argv, prog_name="pgdispatch", standalone_mode=False)
+    except getattr(click.exceptions, "NoArgsIsHelpError", ()) as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc), err=True)
+        sys.exit(2)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("error: aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        click.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code or 1)
+    except PgDispatchError as exc:
+        click.echo(f"error: {_one_line(str(exc))}", err=True)
+        sys.exit(next((code for cls, code in EXIT_CODES.items() if isinstance(exc, cls)), 1))
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # a database error we did not translate, a bug
+        name = type(exc).__name__
+        if name == "UndefinedTable" or name == "UndefinedFunction":
+            click.echo("error: the database schema is not migrated; run `pgdispatch db upgrade`", err=True)
+            sys.exit(2)
+        click.echo(f"error: {name}: {_one_line(str(exc))}", err=True)
+        sys.exit(1)
+    sys.exit(0)
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split()) or "failed"

@@ -1,0 +1,296 @@
+"""``pgdispatch demo``: the whole system on an embedded PostgreSQL, with a steady workload.
+
+Starts the embedded server, migrates, applies a demo configuration (two organizations with
+different limits, five projects, pools linux / macos / deploy, targets staging and production,
+one operator whose password is printed), two scheduler processes, the console, and a workload:
+builds of 1–8 s of which some fail and retry, pipelines whose deployments depend on builds, a
+production deployment that needs approval, and now and then a third scheduler killed with
+SIGKILL mid-deployment so that an uncertain target appears for the operator to resolve.
+Ctrl-C stops every process it started, then the embedded server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from sql import InvalidInput, PgDispatchError, Settings, config, db, embedded, migrate, transitions
+from sql.queries import Q
+
+log = logging.getLogger("pgdispatch.demo")
+
+DEMO_CONFIG = """
+[[organizations]]
+name = "acme"
+max_running = 6
+
+[[organizations]]
+name = "globex"
+max_running = 3
+
+[[pools]]
+name = "linux"
+slots = 6
+
+[[pools]]
+name = "macos"
+slots = 2
+
+[[pools]]
+name = "deploy"
+slots = 2
+
+[[projects]]
+name = "web"
+organization = "acme"
+pools = ["linux", "deploy"]
+weight = 2
+
+[[projects]]
+name = "api"
+organization = "acme"
+pools = ["linux", "deploy"]
+max_running = 3
+
+[[projects]]
+name = "ios-app"
+organization = "acme"
+pools = ["macos"]
+
+[[projects]]
+name = "billing"
+organization = "globex"
+pools = ["linux", "deploy"]
+
+[[projects]]
+name = "data-pipeline"
+organization = "globex"
+pools = ["linux"]
+max_running = 2
+
+[[targets]]
+name = "staging"
+
+[[targets]]
+name = "production"
+
+[[users]]
+username = "operator"
+role = "operator"
+password_env = "PGDISPATCH_DEMO_PASSWORD"
+
+[[users]]
+username = "viewer"
+role = "viewer"
+password_env = "PGDISPATCH_DEMO_PASSWORD"
+"""
+
+# Lease and intervals short enough that a lost runner becomes visible within seconds.
+DEMO_ENV = {
+    "PGDISPATCH_LEASE_SECONDS": "12",
+    "PGDISPATCH_HEARTBEAT_SECONDS": "3",
+    "PGDISPATCH_CLAIM_INTERVAL_SECONDS": "0.5",
+    "PGDISPATCH_EXPIRE_INTERVAL_SECONDS": "2",
+    "PGDISPATCH_SUMMARY_INTERVAL_SECONDS": "2",
+    "PGDISPATCH_BACKOFF_BASE_SECONDS": "3",
+}
+
+
+def _build_command(rng: random.Random, name: str) -> list[str]:
+    seconds = rng.randint(1, 8)
+    fails = rng.random() < 0.2
+    script = (f'echo "==> {name}: compiling"; sleep {seconds / 2:.1f}; echo "==> {name}: testing"; '
+              f'sleep {seconds / 2:.1f}; ')
+    script += (f'echo "{name}: 1 test failed" >&2; exit 1' if fails else f'echo "{name}: ok"')
+    return ["sh", "-c", script]
+
+
+def _deploy_command(target: str, seconds: float) -> list[str]:
+    return ["sh", "-c", f'echo "deploying to {target}"; sleep {seconds:.1f}; echo "{target} healthy"']
+
+
+class Demo:
+    """The demo's processes and workload; ``stop()`` ends them all."""
+
+    def __init__(self, settings: Settings, *, bind: str, seed: int | None = None):
+        self.settings = settings
+        self.bind = bind
+        self.rng = random.Random(seed)
+        self.stopping = threading.Event()
+        self.children: list[tuple[str, subprocess.Popen]] = []
+        self.url = ""
+        self.env: dict[str, str] = {}
+        self.pipeline_no = 0
+
+    # -- processes -----------------------------------------------------------------------
+    def _spawn(self, name: str, *args: str) -> subprocess.Popen:
+        log_path = self.settings.data_dir / f"{name}.log"
+        out = open(log_path, "ab")
+        proc = subprocess.Popen([sys.executable, "-m", "pgdispatch", *args], env=self.env,
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        out.close()
+        self.children.append((name, proc))
+        return proc
+
+    def start(self) -> None:
+        self.settings.data_dir.mkdir(parents=True, exist_ok=True)
+        self.url = embedded.start_embedded(self.settings.data_dir)
+        migrate.upgrade(self.url)
+        password = secrets.token_urlsafe(9)
+        with db.connect(self.url) as conn:
+            config.apply_config(conn, DEMO_CONFIG, actor="demo",
+                                env={"PGDISPATCH_DEMO_PASSWORD": password})
+        self.password = password
+        secret = self.settings.resolved_secret_key()
+        self.env = {**os.environ, **DEMO_ENV, "DATABASE_URL": self.url,
+                    "PGDISPATCH_SECRET_KEY": secret, "PGDISPATCH_DATA_DIR": str(self.settings.data_dir)}
+        self._spawn("scheduler-a", "scheduler", "--pool", "linux", "--pool", "macos", "--pool", "deploy",
+                    "--slots", "4", "--name", "demo-a", "--grace-seconds", "5")
+        self._spawn("scheduler-b", "scheduler", "--pool", "linux", "--pool", "deploy",
+                    "--slots", "3", "--name", "demo-b", "--grace-seconds", "5")
+        self._spawn("web", "web", "--bind", self.bind)
+        self._wait_for_web(60)
+
+    def _wait_for_web(self, timeout_seconds: float) -> None:
+        deadline = time.monotonic() + timeout_seconds
+        url = f"http://{self.bind}/healthz"
+        while time.monotonic() < deadline and not self.stopping.is_set():
+            try:
+                with urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            for name, proc in self.children:
+                if proc.poll() is not None:
+                    raise PgDispatchError(f"demo: {name} exited with {proc.returncode}; "
+                                          f"see {self.settings.data_dir / (name + '.log')}")
+            time.sleep(0.3)
+        raise PgDispatchError(f"demo: the console did not answer on {url} within {timeout_seconds:.0f} s")
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for _, proc in self.children:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for _, proc in self.children:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    # -- workload ------------------------------------------------------------------------
+    def submit_build(self, conn) -> None:
+        project = self.rng.choice(["web", "api", "billing", "data-pipeline", "ios-app"])
+        pool = "macos" if project == "ios-app" else "linux"
+        transitions.submit(conn, project=project, pool=pool,
+                           command=_build_command(self.rng, f"{project} build"),
+                           priority=self.rng.choice([0, 0, 0, 5]), max_attempts=3,
+                           timeout_seconds=120, submitted_by="demo")
+
+    def submit_pipeline(self, conn) -> None:
+        self.pipeline_no += 1
+        project = self.rng.choice(["web", "api", "billing"])
+        build = transitions.submit(conn, project=project, pool="linux",
+                                   command=_build_command(self.rng, f"{project} release build"),
+                                   max_attempts=2, timeout_seconds=120, submitted_by="demo")
+        staging = transitions.submit(conn, project=project, pool="deploy", target="staging",
+                                     command=_deploy_command("staging", self.rng.uniform(2, 5)),
+                                     depends_on=[build["id"]], timeout_seconds=120, submitted_by="demo")
+        if self.pipeline_no % 3 == 0:
+            transitions.submit(conn, project=project, pool="deploy", target="production",
+                               command=_deploy_command("production", self.rng.uniform(3, 6)),
+                               depends_on=[staging["id"]], requires_approval=True,
+                               timeout_seconds=120, submitted_by="demo")
+
+    def lose_a_runner(self, conn) -> None:
+        """Start a third scheduler on the deploy pool and SIGKILL it mid-deployment."""
+        transitions.submit(conn, project="billing", pool="deploy", target="staging",
+                           command=_deploy_command("staging", 25), timeout_seconds=120,
+                           submitted_by="demo")
+        proc = self._spawn("scheduler-chaos", "scheduler", "--pool", "deploy", "--slots", "1",
+                           "--name", "demo-chaos")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not self.stopping.is_set():
+            running = [r for r in Q.list_runners(conn, live_seconds=60)
+                       if r["name"] == "demo-chaos" and r["stopped_at"] is None and r["slots_used"] > 0]
+            if running:
+                time.sleep(1.5)
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                log.info("demo: killed scheduler demo-chaos (pid %d) mid-deployment", proc.pid)
+                return
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+
+    def workload(self, duration_seconds: float | None) -> None:
+        started = time.monotonic()
+        next_pipeline = started + 3
+        next_chaos = started + 25
+        with db.connect(self.url, application_name="pgdispatch-demo") as conn:
+            while not self.stopping.is_set():
+                if duration_seconds and time.monotonic() - started > duration_seconds:
+                    return
+                for name, proc in self.children:
+                    if name != "scheduler-chaos" and proc.poll() is not None:
+                        raise PgDispatchError(f"demo: {name} exited with {proc.returncode}; see "
+                                              f"{self.settings.data_dir / (name + '.log')}")
+                try:
+                    if self._waiting(conn) < 40:
+                        self.submit_build(conn)
+                    if time.monotonic() >= next_pipeline:
+                        self.submit_pipeline(conn)
+                        next_pipeline = time.monotonic() + self.rng.uniform(8, 14)
+                    if time.monotonic() >= next_chaos:
+                        self.lose_a_runner(conn)
+                        next_chaos = time.monotonic() + self.rng.uniform(90, 150)
+                except PgDispatchError as exc:
+                    log.warning("demo workload: %s", exc)
+                self.stopping.wait(self.rng.uniform(0.8, 1.8))
+
+    @staticmethod
+    def _waiting(conn) -> int:
+        counts = {r["state"]: r["n"] for r in Q.count_jobs_by_state(conn)}
+        return counts.get("queued", 0)
+
+
+def run(settings: Settings, *, bind: str, duration_seconds: float | None = None,
+        seed: int | None = None) -> int:
+    """Run the demo until Ctrl-C (or ``duration_seconds``); returns the exit code."""
+    if settings.database_url:
+        log.info("demo: DATABASE_URL is ignored; the demo always uses the embedded server")
+        settings = dataclasses.replace(settings, database_url=None)
+    demo = Demo(settings, bind=bind, seed=seed)
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: demo.stopping.set())
+    try:
+        demo.start()
+        print(f"\npgdispatch demo is running.\n\n  console:  http://{demo.bind}/\n"
+              f"  login:    operator / {demo.password}   (read-only: viewer / same password)\n"
+              f"  database: {demo.url}\n  logs:     {Path(settings.data_dir).resolve()}/*.log\n\n"
+              f"Press Ctrl-C to stop.\n", flush=True)
+        demo.workload(duration_seconds)
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    except (PgDispatchError, InvalidInput) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        print("stopping the demo…", flush=True)
+        demo.stop()
+        signal.signal(signal.SIGTERM, previous)
+        embedded.stop_embedded(settings.data_dir)

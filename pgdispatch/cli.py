@@ -341,11 +341,10 @@ def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | 
 @click.pass_obj
 def web_cmd(obj: Context, bind: str | None, workers: int) -> None:
     """Serve the console and the JSON API under gunicorn."""
-    logging.getLogger().setLevel(logging.INFO)
-    from webapp import serve
-
     settings = obj.settings.with_overrides(bind=bind)
     _check_bind(settings.bind)
+    logging.getLogger().setLevel(logging.INFO)
+    from webapp import serve
     serve.serve(settings, database_url=obj.url, bind=settings.bind, workers=workers)
 
 

@@ -1,0 +1,155 @@
+"""The ``pgdispatch`` CLI as an operator runs it: real processes against a real database."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+CONFIG = """
+[[organizations]]
+name = "acme"
+max_running = 5
+
+[[pools]]
+name = "linux"
+slots = 8
+
+[[pools]]
+name = "deploy"
+slots = 2
+
+[[projects]]
+name = "web"
+organization = "acme"
+pools = ["linux", "deploy"]
+weight = 1
+max_running = 3
+
+[[targets]]
+name = "production"
+
+[[users]]
+username = "alice"
+role = "operator"
+password_env = "ALICE_PASSWORD"
+"""
+
+
+@pytest.fixture
+def pgd(db_url, tmp_path):
+    """Run ``pgdispatch ARGS`` against this test's database; returns the CompletedProcess."""
+    env = {**os.environ, "DATABASE_URL": db_url, "ALICE_PASSWORD": "correct horse battery",
+           "PGDISPATCH_ACTOR": "tester"}
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        proc = subprocess.run([sys.executable, "-m", "pgdispatch", *args], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        if check:
+            assert proc.returncode == 0, proc.stderr
+        return proc
+
+    cfg = tmp_path / "config.toml"
+    cfg.write_text(CONFIG)
+    run("apply", str(cfg))
+    run.config = cfg
+    return run
+
+
+def count(conn, table: str) -> int:
+    return conn.execute(f"SELECT count(*) AS n FROM {table}").fetchone()["n"]
+
+
+def test_apply_is_idempotent(pgd, conn):
+    out = pgd("apply", str(pgd.config), "--json")
+    assert json.loads(out.stdout)["changed_rows"] == 0
+    assert count(conn, "projects") == 1 and count(conn, "users") == 1
+
+
+def test_submit_show_explain(pgd):
+    job = json.loads(pgd("submit", "--project", "web", "--pool", "linux", "--priority", "5",
+                         "--", "echo", "hello world").stdout)
+    assert job["id"] > 0 and job["state"] == "queued" and job["command"] == ["echo", "hello world"]
+    shown = json.loads(pgd("jobs", "show", str(job["id"])).stdout)
+    assert shown["priority"] == 5 and shown["attempts"] == []
+    explained = json.loads(pgd("jobs", "explain", str(job["id"])).stdout)
+    assert explained["reason"] == "no_authorized_runner"
+    assert "no live runner serves pool linux" in explained["reasons"][0]["message"]
+
+
+def test_pause_resume_are_audited_and_conditional(pgd, conn):
+    pgd("projects", "pause", "web", "--reason", "release freeze")
+    again = pgd("projects", "pause", "web", "--reason", "x", check=False)
+    assert again.returncode == 4 and "already paused by tester" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    pgd("projects", "resume", "web")
+    rows = conn.execute("SELECT actor, action, reason FROM audit_events WHERE subject = 'project:web' "
+                        "ORDER BY id").fetchall()
+    assert [(r["actor"], r["action"]) for r in rows] == [("tester", "pause_project"),
+                                                        ("tester", "resume_project")]
+    assert rows[0]["reason"] == "release freeze"
+
+
+@pytest.mark.parametrize("args, code, message", [
+    (["submit", "--project", "nope", "--pool", "linux", "--", "true"], 3, "unknown project nope"),
+    (["submit", "--project", "web", "--pool", "linux", "--priority", "abc", "--", "true"], 2, "priority"),
+    (["submit", "--project", "web", "--pool", "linux", "--max-attempts", "-1", "--", "true"], 2, "max attempts"),
+    (["submit", "--project", "web", "--pool", "linux", "--timeout", "0", "--", "true"], 2, "timeout"),
+    (["submit", "--project", "web", "--pool", "linux"], 2, "COMMAND"),
+    (["submit", "--project", "web", "--pool", "linux", "--", ""], 2, "program name"),
+    (["submit", "--project", "web", "--pool", "linux", "--idempotency-key", "k" * 300, "--", "true"], 2,
+     "longer than 200"),
+    (["submit", "--project", "web", "--pool", "linux", "--", "x" * 70000], 2, "longer than"),
+    (["submit", "--project", "web", "--pool", "linux", "--depends-on", "424242", "--", "true"], 3,
+     "unknown dependency"),
+    (["submit", "--project", "web", "--pool", "nope", "--", "true"], 3, "unknown pool"),
+    (["jobs", "show", "999"], 3, "unknown job 999"),
+    (["jobs", "show", "abc"], 2, "not a valid integer"),
+    (["targets", "resolve", "production", "--outcome", "succeeded", "--note", "ok"], 4, "is free"),
+    (["targets", "resolve", "production", "--outcome", "maybe", "--note", "ok"], 2, "outcome"),
+    (["projects", "pause", "web", "--reason", "  "], 2, "reason is required"),
+    (["scheduler", "--pool", "linux", "--slots", "0"], 2, "slots"),
+    (["web", "--bind", "nonsense"], 2, "HOST:PORT"),
+])
+def test_bad_input_is_one_line_nonzero_and_writes_nothing(pgd, conn, args, code, message):
+    before = (count(conn, "jobs"), count(conn, "audit_events"))
+    proc = pgd(*args, check=False)
+    assert proc.returncode == code, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (count(conn, "jobs"), count(conn, "audit_events")) == before
+
+
+def test_apply_rejects_bad_file_and_writes_nothing(pgd, conn, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[pools]]\nname = "gpu"\nslots = -3\n')
+    proc = pgd("apply", str(bad), check=False)
+    assert proc.returncode == 2 and "slots" in proc.stderr
+    assert count(conn, "pools") == 2
+    missing = pgd("apply", str(tmp_path / "missing.toml"), check=False)
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_unmigrated_database_says_so(server_url, tmp_path):
+    from tests.conftest import with_database
+    from sql import db
+
+    name = f"pgd_test_empty_{os.getpid()}"
+    with db.connect(server_url) as c:
+        c.execute(f"DROP DATABASE IF EXISTS {name}")
+        c.execute(f"CREATE DATABASE {name}")
+    try:
+        env = {**os.environ, "DATABASE_URL": with_database(server_url, name)}
+        proc = subprocess.run([sys.executable, "-m", "pgdispatch", "jobs", "show", "1"], env=env,
+                              capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert proc.returncode == 2 and "pgdispatch db upgrade" in proc.stderr
+        up = subprocess.run([sys.executable, "-m", "pgdispatch", "db", "upgrade", "--json"], env=env,
+                            capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert up.returncode == 0 and json.loads(up.stdout)["applied"] == ["0001_initial", "0002_transitions"]
+    finally:
+        with db.connect(server_url) as c:
+            c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -9,6 +9,6 @@ SELECT id, at, actor, action, subject, reason, details
  WHERE id < :before_id
    AND (CAST(:actor AS text) IS NULL OR actor = :actor)
    AND (CAST(:action AS text) IS NULL OR action = :action)
-   AND (CAST(:subject AS text) IS NULL OR subject LIKE :subject || '%')
+   AND (CAST(:subject AS text) IS NULL OR starts_with(subject, :subject))
  ORDER BY id DESC
  LIMIT :limit;

@@ -1,0 +1,60 @@
+"""A real server thread and the system Chromium, driven by Playwright (no browser download)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from werkzeug.serving import make_server
+
+from sql import Settings
+from webapp import create_app, shutdown
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--no-first-run"]
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """One headless system Chromium for the session."""
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def live_server(db_url):
+    """The console served by werkzeug on 127.0.0.1 (an ephemeral port) in a thread."""
+    app = create_app(Settings(secret_key="browser-test-secret-key-0123456789"), database_url=db_url)
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, name="console", daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    thread.join(timeout=10)
+    server.server_close()
+    shutdown(app)
+
+
+@pytest.fixture
+def context(browser):
+    """A fresh browser context (cookies) per test; console errors are collected."""
+    ctx = browser.new_context(viewport={"width": 1280, "height": 900})
+    ctx.console_errors = []
+
+    def on_page(page):
+        page.on("console", lambda m: m.type == "error" and ctx.console_errors.append(m.text))
+        page.on("pageerror", lambda e: ctx.console_errors.append(str(e)))
+
+    ctx.on("page", on_page)
+    yield ctx
+    ctx.close()

@@ -1,0 +1,92 @@
+"""Console and API fixtures: the real app against this test's fresh database."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sql import Settings, users
+from webapp import create_app, shutdown
+
+PASSWORDS = {"alice": "alice-password", "bob": "bob-password-2", "victor": "victor-password"}
+ROLES = {"alice": "operator", "bob": "operator", "victor": "viewer"}
+TEST_SETTINGS = Settings(secret_key="test-only-secret-key-0123456789abcdef")
+
+
+@pytest.fixture
+def make_app(db_url):
+    """Build apps on this test's database; their pools are closed at the end."""
+    apps = []
+
+    def make(**overrides):
+        app = create_app(TEST_SETTINGS, database_url=db_url, TESTING=True, **overrides)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        shutdown(app)
+
+
+@pytest.fixture
+def app(make_app):
+    return make_app()
+
+
+@pytest.fixture
+def accounts(conn):
+    """``accounts("alice", ...)`` creates those accounts (argon2 hashing costs ~0.1 s each,
+    so only the ones a test signs in with): alice and bob are operators, victor a viewer."""
+    made: set[str] = set()
+
+    def ensure(*names: str) -> None:
+        for name in names:
+            if name not in made:
+                users.upsert_user(conn, username=name, password=PASSWORDS[name], role=ROLES[name])
+                made.add(name)
+
+    return ensure
+
+
+@pytest.fixture
+def signed_in(app, accounts):
+    """``signed_in("alice")``: a test client signed in through the real form, with the
+    page's CSRF token as ``client.csrf``."""
+
+    def sign_in(name: str, on=None):
+        accounts(name)
+        client = (on or app).test_client()
+        assert login(client, name).status_code == 303
+        client.csrf = csrf_from(client.get("/").get_data(as_text=True))
+        return client
+
+    return sign_in
+
+
+def csrf_from(html: str) -> str:
+    """The CSRF token a console page carries."""
+    match = re.search(r'<meta name="csrf-token" content="([^"]+)"', html)
+    assert match, "no csrf token on the page"
+    return match.group(1)
+
+
+def login(client, username: str, password: str | None = None):
+    """Sign in through the real form; returns the POST's response."""
+    page = client.get("/login")
+    token = csrf_from(page.get_data(as_text=True))
+    return client.post("/login", data={"username": username,
+                                       "password": password or PASSWORDS[username],
+                                       "csrf_token": token})
+
+
+@pytest.fixture
+def operator(signed_in):
+    """alice, an operator."""
+    return signed_in("alice")
+
+
+@pytest.fixture
+def viewer(signed_in):
+    """victor, a viewer."""
+    return signed_in("victor")

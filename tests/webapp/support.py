@@ -1,0 +1,28 @@
+"""Helpers for console and API tests: states built through the real transitions."""
+
+from __future__ import annotations
+
+from sql import transitions
+
+
+def make_uncertain_target(world, target: str = "production", *, project: str = "web") -> dict:
+    """A deployment whose runner vanished: claim it, let its lease lapse (a test-only UPDATE
+    moves the lease into the past), run the expiry pass. Returns the job and claim."""
+    world.setup(pools=("linux", "deploy"), targets=(target,), project=project)
+    runner = world.runner(pools=("deploy",), name="runner-lost")
+    job = world.job(project=project, pool="deploy", target=target, command=["deploy.sh", target])
+    claim = world.claim(runner, pools=("deploy",))
+    assert claim is not None and claim.job_id == job["id"]
+    transitions.heartbeat(world.conn, attempt_id=claim.attempt_id, generation=claim.generation,
+                          lease_seconds=30)
+    world.expire_now(claim.attempt_id)
+    expired = transitions.expire_leases(world.conn)
+    assert [e["job_id"] for e in expired] == [job["id"]]
+    assert world.conn.execute("SELECT state FROM targets WHERE name = %s", (target,)).fetchone()["state"] == "uncertain"
+    return {"job": job, "claim": claim}
+
+
+def count(conn, table: str, where: str = "true", params: tuple = ()) -> int:
+    """Rows of ``table`` matching ``where`` (test-only reads)."""
+    assert table in {"jobs", "audit_events", "attempts"}
+    return conn.execute(f"SELECT count(*) AS n FROM {table} WHERE {where}", params).fetchone()["n"]

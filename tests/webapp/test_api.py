@@ -1,0 +1,187 @@
+"""The JSON API: bearer tokens, submit with validation, show, explain, actions, OpenAPI."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from sql import users
+from sql.explain import REASON_CODES
+
+from .support import count, make_uncertain_target
+
+
+@pytest.fixture
+def tokens(conn):
+    """Bearer tokens for alice (operator) and victor (viewer)."""
+    users.upsert_user(conn, username="alice", password="alice-password", role="operator")
+    users.upsert_user(conn, username="victor", password="victor-password", role="viewer")
+    return {"alice": users.create_api_token(conn, username="alice", name="ci"),
+            "victor": users.create_api_token(conn, username="victor", name="dashboard")}
+
+
+@pytest.fixture
+def api(app, tokens):
+    """``api(method, path, user="alice", **kwargs)`` -> response."""
+    client = app.test_client()
+
+    def call(method, path, *, user="alice", **kwargs):
+        headers = kwargs.pop("headers", {})
+        if user:
+            headers["Authorization"] = f"Bearer {tokens[user]}"
+        return client.open(path, method=method, headers=headers, **kwargs)
+
+    return call
+
+
+def test_a_bearer_token_is_required(api, world):
+    world.setup()
+    for headers in ({}, {"Authorization": "Bearer pgd_not-a-real-token"},
+                    {"Authorization": "Basic YWxpY2U6YWxpY2U="}, {"Authorization": "Bearer "}):
+        response = api("POST", "/api/v1/jobs", user=None, headers=headers,
+                       json={"project": "web", "pool": "linux", "command": ["true"]})
+        assert response.status_code == 401
+        assert "error" in response.get_json()
+        assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    assert api("GET", "/api/v1/jobs/1", user=None).status_code == 401
+    assert count(world.conn, "jobs") == 0
+
+
+def test_a_console_session_is_not_an_api_credential(app, signed_in, world):
+    world.setup()
+    client = signed_in("alice")
+    response = client.post("/api/v1/jobs", json={"project": "web", "pool": "linux", "command": ["true"]})
+    assert response.status_code == 401
+    assert count(world.conn, "jobs") == 0
+
+
+def test_submit_show_explain(api, world):
+    world.setup()
+    response = api("POST", "/api/v1/jobs", json={
+        "project": "web", "pool": "linux", "command": ["make", "build"], "priority": 5,
+        "max_attempts": 3, "timeout_seconds": 600, "idempotency_key": "build-1"})
+    assert response.status_code == 201
+    job = response.get_json()
+    assert isinstance(job["id"], int) and job["state"] == "queued" and job["is_new"] is True
+    assert job["command"] == ["make", "build"] and job["submitted_by"] == "alice"
+    assert response.headers["Location"] == f"/api/v1/jobs/{job['id']}"
+    assert re.match(r"\d{4}-\d\d-\d\dT", job["created_at"])  # ISO 8601, not an HTTP date
+    again = api("POST", "/api/v1/jobs", json={
+        "project": "web", "pool": "linux", "command": ["make", "build"], "idempotency_key": "build-1"})
+    assert again.status_code == 200 and again.get_json()["id"] == job["id"]
+    shown = api("GET", f"/api/v1/jobs/{job['id']}", user="victor")
+    assert shown.status_code == 200 and shown.get_json()["attempts"] == []
+    why = api("GET", f"/api/v1/jobs/{job['id']}/explain", user="victor").get_json()
+    assert why["reason"] == "no_authorized_runner"  # no runner serves linux yet
+    assert {r["code"] for r in why["reasons"]} <= set(REASON_CODES)
+    assert api("GET", "/api/v1/jobs/999999").status_code == 404
+    assert count(world.conn, "jobs") == 1
+
+
+def test_dependencies_and_approval_explained(api, world):
+    world.setup()
+    first = api("POST", "/api/v1/jobs", json={"project": "web", "pool": "linux", "command": ["a"]}).get_json()
+    second = api("POST", "/api/v1/jobs", json={"project": "web", "pool": "linux", "command": ["b"],
+                                               "depends_on": [first["id"]], "requires_approval": True})
+    assert second.status_code == 201 and second.get_json()["state"] == "blocked"
+    codes = [r["code"] for r in api("GET", f"/api/v1/jobs/{second.get_json()['id']}/explain").get_json()["reasons"]]
+    assert codes[:2] == ["dependency_pending", "approval_required"]
+
+
+BAD_SUBMISSIONS = [
+    ({"project": "web", "pool": "linux", "command": []}, 422, "command must not be empty"),
+    ({"project": "web", "pool": "linux", "command": ["true"], "priority": "abc"}, 422, "priority"),
+    ({"project": "nope", "pool": "linux", "command": ["true"]}, 404, "unknown project nope"),
+    ({"project": "web", "pool": "linux", "command": ["a\x00b"]}, 422, "NUL"),
+    ({"project": "we\x00b", "pool": "linux", "command": ["true"]}, 422, "NUL"),
+    ({"project": "web", "pool": "linux", "command": "rm -rf /"}, 422, "list"),
+    ({"project": "web", "pool": "linux", "command": ["true"], "priority": 5000}, 422, "priority"),
+    ({"project": "web", "pool": "linux", "command": ["true"], "priority": True}, 422, "priority"),
+    ({"project": "web", "pool": "linux", "command": ["true"], "delay_seconds": "soon"}, 422, "delay"),
+    ({"project": "web", "pool": "linux", "command": ["true"], "depends_on": [999999]}, 404, "dependency"),
+    ({"project": "web", "pool": "linux", "command": ["true"], "depends_on": "1"}, 422, "depends_on"),
+    ({"project": "web", "pool": "linux", "command": ["true"], "requires_approval": "yes"}, 422, "requires_approval"),
+    ({"project": "web", "pool": "linux", "command": ["true"], "target": "nowhere"}, 404, "unknown target"),
+    ({"project": "web", "pool": "linux", "command": ["true"], "colour": "red"}, 422, "unknown field"),
+    ({"project": "web", "command": ["true"]}, 422, "missing field 'pool'"),
+    ({"project": "web", "pool": "gpu", "command": ["true"]}, 404, "unknown pool"),
+]
+
+
+def test_bad_submissions_are_4xx_json_and_write_nothing(api, world):
+    world.setup()
+    for body, status, fragment in BAD_SUBMISSIONS:
+        response = api("POST", "/api/v1/jobs", json=body)
+        assert response.status_code == status, (body, response.get_data(as_text=True))
+        assert fragment in response.get_json()["error"], (body, response.get_json())
+    for raw, content_type in [("not json", "application/json"), ("[1, 2]", "application/json"),
+                              ('{"project": "web"}', "text/plain"), ("", "application/json")]:
+        response = api("POST", "/api/v1/jobs", data=raw, content_type=content_type)
+        assert 400 <= response.status_code < 500 and "error" in response.get_json(), raw
+    huge = api("POST", "/api/v1/jobs", data=json.dumps({"command": ["x" * (2 * 1024 * 1024)]}),
+               content_type="application/json")
+    assert huge.status_code == 413 and "error" in huge.get_json()
+    assert count(world.conn, "jobs") == 0
+
+
+def test_viewer_tokens_only_read(api, world):
+    world.setup()
+    response = api("POST", "/api/v1/jobs", user="victor",
+                   json={"project": "web", "pool": "linux", "command": ["true"]})
+    assert response.status_code == 403 and "may only read" in response.get_json()["error"]
+    assert api("POST", "/api/v1/projects/web/pause", user="victor", json={"reason": "x"}).status_code == 403
+    assert count(world.conn, "jobs") == 0
+    assert world.conn.execute("SELECT paused_at FROM projects").fetchone()["paused_at"] is None
+
+
+def test_job_actions_and_conflicts(api, world):
+    world.setup()
+    job = api("POST", "/api/v1/jobs", json={"project": "web", "pool": "linux", "command": ["x"],
+                                            "requires_approval": True}).get_json()
+    approved = api("POST", f"/api/v1/jobs/{job['id']}/approve", json={"reason": "ok"})
+    assert approved.status_code == 200 and approved.get_json()["state"] == "queued"
+    conflict = api("POST", f"/api/v1/jobs/{job['id']}/approve")
+    assert conflict.status_code == 409 and "already approved" in conflict.get_json()["error"]
+    assert api("POST", f"/api/v1/jobs/{job['id']}/cancel").get_json()["state"] == "cancelled"
+    assert api("POST", f"/api/v1/jobs/{job['id']}/retry", json={}).get_json()["state"] == "queued"
+    assert api("POST", f"/api/v1/jobs/{job['id']}/cancel", json=["not", "an", "object"]).status_code == 422
+    assert api("POST", "/api/v1/jobs/424242/cancel").status_code == 404
+    assert api("GET", f"/api/v1/jobs/{job['id']}/cancel").status_code == 405
+    actors = {r["actor"] for r in world.conn.execute("SELECT actor FROM audit_events WHERE subject = %s",
+                                                     (f"job:{job['id']}",)).fetchall()}
+    assert actors == {"alice"}
+
+
+def test_pause_resume_and_resolve(api, world):
+    make_uncertain_target(world)
+    assert api("POST", "/api/v1/projects/web/pause", json={}).status_code == 422
+    paused = api("POST", "/api/v1/projects/web/pause", json={"reason": "freeze"})
+    assert paused.status_code == 200 and paused.get_json()["paused_by"] == "alice"
+    twice = api("POST", "/api/v1/projects/web/pause", json={"reason": "again"})
+    assert twice.status_code == 409 and "already paused by alice" in twice.get_json()["error"]
+    assert api("POST", "/api/v1/projects/web/resume").status_code == 200
+    assert api("POST", "/api/v1/projects/nope/resume").status_code == 404
+    assert api("POST", "/api/v1/targets/production/resolve", json={"outcome": "retry"}).status_code == 422
+    resolved = api("POST", "/api/v1/targets/production/resolve", json={"outcome": "retry", "note": "rerun"})
+    assert resolved.status_code == 200 and resolved.get_json()["job_state"] == "queued"
+    late = api("POST", "/api/v1/targets/production/resolve", json={"outcome": "failed", "note": "x"})
+    assert late.status_code == 409 and "already resolved by alice" in late.get_json()["error"]
+
+
+def test_openapi_document_matches_the_routes(app, api):
+    response = api("GET", "/api/v1/openapi.json", user=None)
+    assert response.status_code == 200
+    spec = json.loads(response.get_data(as_text=True))
+    assert spec["openapi"].startswith("3.1")
+    documented = {(path, method.upper()) for path, ops in spec["paths"].items() for method in ops}
+    routed = set()
+    for rule in app.url_map.iter_rules():
+        if rule.rule.startswith("/api/v1/"):
+            path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule[len("/api/v1"):])
+            routed |= {(path, m) for m in rule.methods - {"HEAD", "OPTIONS"}}
+    assert documented == routed
+    refs = set(re.findall(r'"#/components/(\w+)/(\w+)"', json.dumps(spec)))
+    for kind, name in refs:
+        assert name in spec["components"][kind], name

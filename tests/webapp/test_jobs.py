@@ -1,0 +1,74 @@
+"""Job detail (attempts, output tail, explanation) and the approve / cancel / retry actions."""
+
+from __future__ import annotations
+
+from sql import transitions
+
+from .support import count
+
+
+def test_detail_shows_attempts_output_and_why(operator, world):
+    world.setup()
+    runner = world.runner()
+    job = world.job(command=["make", "test"], max_attempts=2)
+    world.complete(world.claim(runner), "failed", exit_code=2, output_tail="FAILED test_x\n")
+    page = operator.get(f"/jobs/{job['id']}").get_data(as_text=True)
+    assert "make test" in page
+    assert "FAILED test_x" in page and "exit 2" in page
+    assert "reason-retry_delayed" in page  # the failed attempt's backoff
+    assert f"/jobs/{job['id']}/cancel" in page  # a queued job can be cancelled…
+    assert f"/jobs/{job['id']}/retry" not in page  # …but not retried
+
+
+def test_approve_cancel_retry_through_the_console(operator, world):
+    world.setup()
+    gated = world.job(requires_approval=True)
+    response = operator.post(f"/jobs/{gated['id']}/approve",
+                             data={"reason": "looks right", "csrf_token": operator.csrf})
+    assert response.status_code == 303 and response.headers["Location"] == f"/jobs/{gated['id']}"
+    assert world.row("jobs", gated["id"])["state"] == "queued"
+    htmx = operator.post(f"/jobs/{gated['id']}/cancel", data={"csrf_token": operator.csrf},
+                         headers={"HX-Request": "true"})
+    assert htmx.status_code == 200
+    assert htmx.get_data(as_text=True).lstrip().startswith(f'<section id="job-{gated["id"]}"')
+    assert world.row("jobs", gated["id"])["state"] == "cancelled"
+    again = operator.post(f"/jobs/{gated['id']}/cancel", data={"csrf_token": operator.csrf},
+                          headers={"HX-Request": "true"})
+    assert again.status_code == 409 and b"cannot be cancelled (last action by alice" in again.data
+    retried = operator.post(f"/jobs/{gated['id']}/retry", data={"csrf_token": operator.csrf})
+    assert retried.status_code == 303
+    assert world.row("jobs", gated["id"])["state"] == "queued"
+    actions = [r["action"] for r in world.conn.execute(
+        "SELECT action FROM audit_events WHERE actor = 'alice' ORDER BY id").fetchall()]
+    assert actions == ["approve_job", "cancel_job", "retry_job"]
+
+
+def test_viewer_cannot_act_on_jobs(viewer, world):
+    world.setup()
+    job = world.job()
+    page = viewer.get(f"/jobs/{job['id']}").get_data(as_text=True)
+    assert "/cancel" not in page
+    assert viewer.post(f"/jobs/{job['id']}/cancel", data={"csrf_token": viewer.csrf}).status_code == 403
+    assert world.row("jobs", job["id"])["state"] == "queued"
+    assert count(world.conn, "audit_events", "action = 'cancel_job'") == 0
+
+
+def test_unknown_and_impossible_job_ids(operator, world):
+    world.setup()
+    assert operator.get("/jobs/424242").status_code == 404
+    assert operator.get("/jobs/99999999999999999999").status_code == 404
+    assert operator.post("/jobs/424242/approve", data={"csrf_token": operator.csrf}).status_code == 404
+    assert operator.get("/jobs/?id=abc").status_code == 422
+    assert operator.get("/jobs/?state=bogus").status_code == 422
+    job = world.job()
+    jump = operator.get(f"/jobs/?id={job['id']}")
+    assert jump.status_code == 302 and jump.headers["Location"] == f"/jobs/{job['id']}"
+
+
+def test_jobs_list_filters_by_state(operator, world):
+    world.setup()
+    a = world.job()
+    b = world.job()
+    transitions.cancel_job(world.conn, job_id=b["id"], actor="alice")
+    page = operator.get("/jobs/?state=cancelled").get_data(as_text=True)
+    assert f'id="jobs-row-{b["id"]}"' in page and f'id="jobs-row-{a["id"]}"' not in page

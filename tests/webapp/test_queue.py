@@ -1,0 +1,78 @@
+"""The queue page: every waiting job with its reason; filters; keyset pages; htmx fragment."""
+
+from __future__ import annotations
+
+import re
+
+from sql import transitions
+
+
+def _ids(html: str) -> list[int]:
+    return [int(i) for i in re.findall(r'id="queue-job-(\d+)"', html)]
+
+
+def test_each_waiting_job_shows_its_reason_and_message(operator, world):
+    world.setup(pool_slots=1)
+    world.project("api", org="acme", pools=("linux",))
+    runner = world.runner()
+    running = world.job()
+    world.claim(runner)
+    full = world.job()
+    gated = world.job(project="api", requires_approval=True)
+    page = operator.get("/queue/").get_data(as_text=True)
+    assert _ids(page) == [full["id"], gated["id"]]
+    assert running["id"] not in _ids(page)
+    assert "reason-capacity_pool" in page and "pool linux: 1 of 1 slots" in page
+    assert "reason-approval_required" in page
+
+
+def test_filters_by_project_and_reason(operator, world):
+    world.setup()
+    world.project("api", org="acme", pools=("linux",))
+    web = world.job()
+    api = world.job(project="api")
+    transitions.pause_project(world.conn, project="api", reason="freeze", actor="alice")
+    assert _ids(operator.get("/queue/?project=web").get_data(as_text=True)) == [web["id"]]
+    paused = operator.get("/queue/?reason=project_paused").get_data(as_text=True)
+    assert _ids(paused) == [api["id"]]
+    assert "paused by alice" in paused
+    assert _ids(operator.get("/queue/?organization=nobody").get_data(as_text=True)) == []
+    assert 'option value="api" selected' in operator.get("/queue/?project=api").get_data(as_text=True)
+
+
+def test_keyset_pages_follow_after_id(operator, world):
+    world.setup()
+    jobs = [world.job()["id"] for _ in range(5)]
+    first = operator.get("/queue/?limit=2").get_data(as_text=True)
+    assert _ids(first) == jobs[:2]
+    link = re.search(r'rel="next" href="([^"]+)"', first).group(1).replace("&amp;", "&")
+    assert f"after_id={jobs[1]}" in link
+    second = operator.get(link).get_data(as_text=True)
+    assert _ids(second) == jobs[2:4]
+    last = operator.get(f"/queue/?limit=2&after_id={jobs[3]}").get_data(as_text=True)
+    assert _ids(last) == jobs[4:]
+    assert 'rel="next"' not in last
+
+
+def test_htmx_poll_gets_only_the_fragment(operator, world):
+    world.setup()
+    world.job()
+    response = operator.get("/queue/?project=web", headers={"HX-Request": "true"})
+    body = response.get_data(as_text=True)
+    assert response.status_code == 200
+    assert "<html" not in body and "<nav aria-label=\"Console\"" not in body
+    assert re.search(r'<section id="queue-table"[^>]*hx-trigger="every 2s"', body)
+    assert 'hx-get="/queue/?project=web"' in body
+    assert "HX-Request" in response.headers["Vary"]
+    full = operator.get("/queue/?project=web")
+    assert "<html" in full.get_data(as_text=True) and "HX-Request" in full.headers["Vary"]
+
+
+def test_bad_filters_are_4xx_not_errors(operator, world):
+    world.setup()
+    for query in ["reason=bogus", "after_id=abc", "after_id=-1", "limit=0", "limit=100000",
+                  "project=a%00b", "after_id=99999999999999999999999"]:
+        response = operator.get("/queue/?" + query)
+        assert 400 <= response.status_code < 500, query
+    htmx = operator.get("/queue/?reason=bogus", headers={"HX-Request": "true"})
+    assert htmx.status_code == 422 and htmx.headers["HX-Reswap"] == "none"

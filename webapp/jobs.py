@@ -1,0 +1,73 @@
+"""Jobs: recent jobs, one job's attempts, output and explanation; approve, cancel, retry."""
+
+from __future__ import annotations
+
+from flask import Blueprint, current_app, redirect, render_template, request, url_for
+
+from sql import InvalidInput, explain, reads, transitions
+
+from .db import get_conn
+from .views import actor, arg_int, arg_text, check_job_id, form_text, perform, render_view
+
+bp = Blueprint("jobs", __name__, url_prefix="/jobs")
+STATES = ("blocked", "queued", "running", "uncertain", "succeeded", "failed", "cancelled")
+TAIL_CHARS = 16384
+
+
+def _context(job_id: int) -> dict:
+    conn = get_conn()
+    job = reads.show_job(conn, job_id=job_id, tail_chars=TAIL_CHARS)
+    why = explain.explain_job(conn, job_id=job_id,
+                              live_seconds=current_app.config["RUNNER_LIVE_SECONDS"])
+    return {"job": job, "explain": why}
+
+
+def _fragment(job_id: int) -> str:
+    return render_template("jobs/_job.html", **_context(job_id))
+
+
+@bp.get("/")
+def index():
+    """The newest jobs, optionally of one state; ``?id=N`` jumps to job N."""
+    if request.args.get("id", "").strip():
+        return redirect(url_for("jobs.detail", job_id=arg_int("id", 0, low=1)))
+    state = arg_text("state")
+    if state is not None and state not in STATES:
+        raise InvalidInput(f"unknown state {state!r}")
+    limit = arg_int("limit", 50, low=1, high=500)
+    return render_view("jobs/index.html", "jobs/_table.html",
+                       jobs=reads.list_recent_jobs(get_conn(), limit=limit, state=state),
+                       state=state, states=STATES)
+
+
+@bp.get("/<int:job_id>")
+def detail(job_id: int):
+    """One job: attempts timeline, output tail, why it waits."""
+    check_job_id(job_id)
+    return render_view("jobs/detail.html", "jobs/_job.html", **_context(job_id))
+
+
+def _act(job_id: int, transition, verb: str):
+    check_job_id(job_id)
+    reason = form_text("reason")
+    return perform(lambda conn: transition(conn, job_id=job_id, actor=actor(), reason=reason),
+                   success=lambda r: f"job {job_id} {verb}; it is {r['state']}",
+                   back=url_for("jobs.detail", job_id=job_id), fragment=lambda: _fragment(job_id))
+
+
+@bp.post("/<int:job_id>/approve")
+def approve(job_id: int):
+    """Approve a job that waits for an operator's approval."""
+    return _act(job_id, transitions.approve_job, "approved")
+
+
+@bp.post("/<int:job_id>/cancel")
+def cancel(job_id: int):
+    """Cancel a waiting job, or ask the runner of a running one to stop it."""
+    return _act(job_id, transitions.cancel_job, "cancelled")
+
+
+@bp.post("/<int:job_id>/retry")
+def retry(job_id: int):
+    """Queue a failed or cancelled job again."""
+    return _act(job_id, transitions.retry_job, "queued again")

@@ -1,0 +1,207 @@
+"""The hand-written OpenAPI 3.1 description of /api/v1 (tests check it matches the routes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sql.explain import REASON_CODES
+
+_ERROR = {"$ref": "#/components/responses/Error"}
+_ERROR_CONTENT = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _body(schema: dict[str, Any], *, required: bool) -> dict[str, Any]:
+    return {"required": required, "content": {"application/json": {"schema": schema}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    return {str(code): _ERROR for code in codes}
+
+
+_JOB_ID = {"name": "job_id", "in": "path", "required": True,
+           "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}}
+_NAME = {"name": "name", "in": "path", "required": True,
+         "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"}}
+_REASON_BODY = {"type": "object", "additionalProperties": False,
+                "properties": {"reason": {"type": ["string", "null"], "maxLength": 1000}}}
+
+
+def _job_action(summary: str, conflict: str) -> dict[str, Any]:
+    return {"post": {
+        "summary": summary, "operationId": summary.split()[0].lower() + "Job",
+        "parameters": [_JOB_ID],
+        "requestBody": _body(_REASON_BODY, required=False),
+        "responses": {"200": _json({"$ref": "#/components/schemas/ActionResult"}, "done"),
+                      **_errors(401, 403, 404, 422),
+                      "409": {"description": conflict, "content": _ERROR_CONTENT}},
+    }}
+
+
+SPEC: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "pgdispatch API",
+        "version": "1",
+        "description": "Submit, inspect and steer build and deployment jobs. Every action is "
+                       "audited with the token's user as the actor. Errors are "
+                       "`{\"error\": \"one line\"}` with a 4xx status; nothing is changed then.",
+    },
+    "servers": [{"url": "/api/v1"}],
+    "security": [{"bearer": []}],
+    "paths": {
+        "/openapi.json": {"get": {
+            "summary": "This document", "operationId": "getOpenapi", "security": [],
+            "responses": {"200": _json({"type": "object"}, "the OpenAPI document")},
+        }},
+        "/jobs": {"post": {
+            "summary": "Submit a job", "operationId": "submitJob",
+            "requestBody": _body({"$ref": "#/components/schemas/JobSubmission"}, required=True),
+            "responses": {
+                "201": _json({"$ref": "#/components/schemas/Job"}, "the new job"),
+                "200": _json({"$ref": "#/components/schemas/Job"},
+                             "the job submitted earlier with the same idempotency key"),
+                **_errors(400, 401, 403, 404, 409, 422),
+            },
+        }},
+        "/jobs/{job_id}": {"get": {
+            "summary": "Show a job with its attempts", "operationId": "getJob",
+            "parameters": [_JOB_ID],
+            "responses": {"200": _json({"$ref": "#/components/schemas/JobWithAttempts"}, "the job"),
+                          **_errors(401, 404)},
+        }},
+        "/jobs/{job_id}/explain": {"get": {
+            "summary": "Why the job is not running", "operationId": "explainJob",
+            "parameters": [_JOB_ID],
+            "responses": {"200": _json({"$ref": "#/components/schemas/Explanation"}, "the reasons"),
+                          **_errors(401, 404)},
+        }},
+        "/jobs/{job_id}/cancel": _job_action(
+            "Cancel a waiting job, or ask the runner of a running one to stop it",
+            "the job has ended or a cancel was already asked"),
+        "/jobs/{job_id}/approve": _job_action(
+            "Approve a job that requires approval", "already approved, or no approval needed"),
+        "/jobs/{job_id}/retry": _job_action(
+            "Retry a failed or cancelled job", "the job is not failed or cancelled"),
+        "/projects/{name}/pause": {"post": {
+            "summary": "Pause a project", "operationId": "pauseProject",
+            "parameters": [_NAME],
+            "requestBody": _body({"type": "object", "additionalProperties": False,
+                                  "required": ["reason"],
+                                  "properties": {"reason": {"type": "string", "minLength": 1,
+                                                            "maxLength": 1000}}}, required=True),
+            "responses": {"200": _json({"$ref": "#/components/schemas/ActionResult"}, "paused"),
+                          **_errors(401, 403, 404, 422),
+                          "409": {"description": "already paused (says by whom)",
+                                  "content": _ERROR_CONTENT}},
+        }},
+        "/projects/{name}/resume": {"post": {
+            "summary": "Resume a paused project", "operationId": "resumeProject",
+            "parameters": [_NAME],
+            "requestBody": _body(_REASON_BODY, required=False),
+            "responses": {"200": _json({"$ref": "#/components/schemas/ActionResult"}, "resumed"),
+                          **_errors(401, 403, 404, 422),
+                          "409": {"description": "not paused", "content": _ERROR_CONTENT}},
+        }},
+        "/targets/{name}/resolve": {"post": {
+            "summary": "Resolve an uncertain target", "operationId": "resolveTarget",
+            "parameters": [_NAME],
+            "requestBody": _body({"type": "object", "additionalProperties": False,
+                                  "required": ["outcome", "note"],
+                                  "properties": {
+                                      "outcome": {"enum": ["succeeded", "failed", "retry"]},
+                                      "note": {"type": "string", "minLength": 1, "maxLength": 1000}}},
+                                 required=True),
+            "responses": {"200": _json({"$ref": "#/components/schemas/ActionResult"}, "resolved"),
+                          **_errors(401, 403, 404, 422),
+                          "409": {"description": "already resolved (says by whom and when)",
+                                  "content": _ERROR_CONTENT}},
+        }},
+    },
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
+                                       "description": "a token from `sql.users.create_api_token`"}},
+        "responses": {"Error": {"description": "refused; nothing was changed",
+                                "content": _ERROR_CONTENT}},
+        "schemas": {
+            "Error": {"type": "object", "required": ["error"],
+                      "properties": {"error": {"type": "string"}}},
+            "JobSubmission": {
+                "type": "object", "additionalProperties": False,
+                "required": ["project", "pool", "command"],
+                "properties": {
+                    "project": {"type": "string"},
+                    "pool": {"type": "string"},
+                    "command": {"type": "array", "minItems": 1, "maxItems": 256,
+                                "items": {"type": "string"}},
+                    "target": {"type": ["string", "null"]},
+                    "priority": {"type": "integer", "minimum": -1000, "maximum": 1000, "default": 0},
+                    "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100, "default": 1},
+                    "timeout_seconds": {"type": "integer", "minimum": 1, "maximum": 604800,
+                                        "default": 3600},
+                    "delay_seconds": {"type": "number", "minimum": 0, "maximum": 2592000,
+                                      "default": 0},
+                    "requires_approval": {"type": "boolean", "default": False},
+                    "depends_on": {"type": "array", "items": {"type": "integer", "minimum": 1}},
+                    "idempotency_key": {"type": ["string", "null"], "maxLength": 200},
+                },
+            },
+            "Job": {
+                "type": "object",
+                "required": ["id", "state", "project", "pool", "command"],
+                "properties": {
+                    "id": {"type": "integer"},
+                    "state": {"enum": ["blocked", "queued", "running", "succeeded", "failed",
+                                       "cancelled", "uncertain"]},
+                    "project": {"type": "string"}, "organization": {"type": "string"},
+                    "pool": {"type": "string"}, "target": {"type": ["string", "null"]},
+                    "command": {"type": "array", "items": {"type": "string"}},
+                    "priority": {"type": "integer"}, "max_attempts": {"type": "integer"},
+                    "generation": {"type": "integer"},
+                    "ready_at": {"type": "string", "format": "date-time"},
+                    "created_at": {"type": "string", "format": "date-time"},
+                    "finished_at": {"type": ["string", "null"], "format": "date-time"},
+                    "depends_on": {"type": "array", "items": {"type": "integer"}},
+                    "is_new": {"type": "boolean"},
+                },
+            },
+            "JobWithAttempts": {"allOf": [
+                {"$ref": "#/components/schemas/Job"},
+                {"type": "object", "properties": {"attempts": {
+                    "type": "array", "items": {"$ref": "#/components/schemas/Attempt"}}}},
+            ]},
+            "Attempt": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer"}, "attempt_no": {"type": "integer"},
+                    "generation": {"type": "integer"}, "runner_name": {"type": "string"},
+                    "state": {"enum": ["running", "succeeded", "failed", "expired", "cancelled",
+                                       "lost"]},
+                    "claimed_at": {"type": "string", "format": "date-time"},
+                    "lease_expires_at": {"type": "string", "format": "date-time"},
+                    "finished_at": {"type": ["string", "null"], "format": "date-time"},
+                    "exit_code": {"type": ["integer", "null"]},
+                    "output_tail": {"type": ["string", "null"]},
+                },
+            },
+            "Explanation": {
+                "type": "object", "required": ["job_id", "state", "reason", "reasons"],
+                "properties": {
+                    "job_id": {"type": "integer"},
+                    "state": {"type": "string"},
+                    "reason": {"oneOf": [{"enum": list(REASON_CODES)}, {"type": "null"}]},
+                    "reasons": {"type": "array", "items": {
+                        "type": "object", "required": ["code", "message"],
+                        "properties": {"code": {"enum": list(REASON_CODES)},
+                                       "message": {"type": "string"},
+                                       "details": {"type": "object"}}}},
+                },
+            },
+            "ActionResult": {"type": "object",
+                             "description": "what changed, e.g. {\"job_id\": 7, \"state\": \"cancelled\"}"},
+        },
+    },
+}

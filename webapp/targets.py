@@ -1,0 +1,45 @@
+"""Targets: who holds each and since when; resolve an uncertain one with its evidence beside."""
+
+from __future__ import annotations
+
+from flask import Blueprint, render_template, request, url_for
+
+from sql import InvalidInput, reads, transitions
+from sql.transitions import RESOLUTIONS
+
+from .db import get_conn
+from .views import actor, form_text, perform, render_view
+
+bp = Blueprint("targets", __name__, url_prefix="/targets")
+
+
+def _card(name: str) -> str:
+    """The target's card as it is now ("" when it no longer exists)."""
+    for target in reads.list_targets(get_conn()):
+        if target["name"] == name:
+            return render_template("targets/_target.html", t=target, resolutions=RESOLUTIONS)
+    return ""
+
+
+@bp.get("/")
+def index():
+    """Every target, uncertain first."""
+    return render_view("targets/index.html", "targets/_list.html",
+                       targets=reads.list_targets(get_conn()), resolutions=RESOLUTIONS)
+
+
+@bp.post("/<name>/resolve")
+def resolve(name: str):
+    """Resolve an uncertain target: the lost deployment succeeded, failed, or runs again."""
+    outcome = request.form.get("outcome", "")
+    note = form_text("note")
+
+    def action(conn):
+        if outcome not in RESOLUTIONS:
+            raise InvalidInput("choose an outcome: " + ", ".join(RESOLUTIONS))
+        return transitions.resolve_target(conn, target=name, outcome=outcome, note=note or "",
+                                          actor=actor())
+
+    return perform(action,
+                   success=lambda r: f"target {name} resolved as {outcome}; job {r['job_id']} is {r['job_state']}",
+                   back=url_for("targets.index"), fragment=lambda: _card(name))

@@ -38,3 +38,11 @@ SELECT a.id, a.job_id, a.attempt_no, a.generation, a.runner_id, r.name AS runner
   FROM attempts a JOIN runners r ON r.id = a.runner_id
  WHERE a.job_id = :job_id
  ORDER BY a.attempt_no;
+
+-- name: end_backend$
+-- After a lost connection, make sure its server session is gone so its last transaction is settled.
+SELECT pg_terminate_backend(:pid) WHERE EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = :pid);
+
+-- name: is_backend_alive$
+-- Whether a server session (by pid) still exists. Read-only.
+SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = :pid);

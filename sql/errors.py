@@ -53,6 +53,9 @@ def translate(exc: BaseException) -> BaseException:
     diag = getattr(exc, "diag", None)
     message = (diag.message_primary if diag is not None and diag.message_primary else str(exc)).strip()
     message = message.splitlines()[0] if message else "database error"
+    if state is None and isinstance(exc, psycopg.DataError) and "NUL" in message:
+        # raised by psycopg itself while adapting a parameter: text cannot hold NUL bytes
+        return InvalidInput("text must not contain NUL bytes")
     if state == "PD404":
         return NotFound(message)
     if state == "PD409":
@@ -68,6 +71,6 @@ def translate(exc: BaseException) -> BaseException:
         return InvalidInput(message)
     if state == "23505":
         return Conflict(message)
-    if isinstance(exc, psycopg.OperationalError):
+    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
         return DatabaseUnavailable(message)
     return exc

@@ -8,7 +8,8 @@ RETURNING id;
 
 -- name: beat_runner!
 -- Keep a runner row alive (the explain "no live runner" check reads last_heartbeat_at).
-UPDATE runners SET last_heartbeat_at = now(), draining = :draining WHERE id = :runner_id;
+UPDATE runners SET last_heartbeat_at = now(), draining = :draining
+ WHERE id = :runner_id AND stopped_at IS NULL;
 
 -- name: stop_runner!
 -- Mark a runner stopped at shutdown.

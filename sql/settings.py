@@ -92,8 +92,17 @@ class Settings:
             return self.secret_key
         path = self.data_dir / "secret_key"
         if not path.exists():
+            # write aside, then link into place: atomic, and the first process to link wins,
+            # so concurrent starters never read a half-written or a different key
             self.data_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            tmp = self.data_dir / f".secret_key.{os.getpid()}.{secrets.token_hex(4)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_urlsafe(48))
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                os.unlink(tmp)
         return path.read_text().strip()

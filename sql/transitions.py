@@ -103,6 +103,40 @@ def find_claim(conn, *, claim_token: str) -> tuple[Claim, str] | None:
     return None if row is None else (_claim_from(row, claim_token), row["state"])
 
 
+def settle_backend(conn, *, backend_pid: int, wait_seconds: float = 10.0) -> bool:
+    """Make sure the server session ``backend_pid`` (of a connection we lost) has ended, so
+    that its last transaction is settled — committed or rolled back, not still in flight.
+
+    Terminates it if it is still there (pg_terminate_backend; PostgreSQL docs 9.28.2) and
+    waits up to ``wait_seconds``. Returns True when it is gone.
+    """
+    Q.end_backend(conn, pid=backend_pid)
+    deadline = time.monotonic() + wait_seconds
+    while Q.is_backend_alive(conn, pid=backend_pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def recover_claim(conn, *, claim_token: str, backend_pid: int | None,
+                  wait_seconds: float = 10.0) -> tuple[Claim, str] | None:
+    """After the connection of a claim was lost: did that claim commit?
+
+    First settles the lost session (``settle_backend``) so the answer cannot change after it
+    is given, then looks the claim token up. Returns (claim, attempt state) or None.
+
+    Raises:
+        DatabaseUnavailable: the lost session could not be confirmed ended in ``wait_seconds``.
+    """
+    from .errors import DatabaseUnavailable
+
+    if backend_pid is not None and not settle_backend(conn, backend_pid=backend_pid,
+                                                      wait_seconds=wait_seconds):
+        raise DatabaseUnavailable(f"session {backend_pid} of the lost claim is still running")
+    return find_claim(conn, claim_token=claim_token)
+
+
 @transition("heartbeat")
 def heartbeat(conn, *, attempt_id: int, generation: int, lease_seconds: float) -> Lease:
     """Extend the lease of a running attempt by ``lease_seconds`` from the database's now.

@@ -1,0 +1,329 @@
+"""The scheduler process: ``pgdispatch scheduler --pool Q --slots N`` calls ``run``.
+
+An APScheduler BackgroundScheduler drives four interval jobs, one module each:
+claiming (fill free slots), expiry (end lapsed leases), summaries (refresh the queue
+summary) and runner_row (keep this runner's row alive). Each claimed job runs in an
+``executor.Execution`` thread. Every database call is one short transaction on a
+connection borrowed from the pool; none is held while a job runs.
+
+Shutdown (SIGTERM or SIGINT, or ``stop_event``): stop claiming and mark the runner draining,
+let running jobs finish within the grace period, then stop the rest — a build is handed back
+(re-queued, not a failure), a deployment reported lost (its outcome is unknown) — and mark
+the runner stopped. A second signal skips the rest of the grace period and kills at once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.jobstores.base import JobLookupError
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from sql import DatabaseUnavailable, Settings, transitions
+from sql.scheduling import connection, make_scheduler_pool, runner_pool_ids
+from sql.transitions import Claim
+
+from . import expiry, runner_row, summaries
+from .claiming import Claimer
+from .executor import Execution, ExecutionResult
+from .periodic import Periodic
+
+log = logging.getLogger(__name__)
+
+CLAIM_JOB = "claim"
+
+
+def default_runner_name() -> str:
+    """``hostname:pid``, the runner name when none is given."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Scheduler:
+    """One scheduler's moving parts; ``run`` drives it, and in-process tests use it directly.
+
+    Args:
+        settings: intervals, lease and backoff (seconds).
+        database_url: the PostgreSQL to use.
+        pools: pool names this runner serves.
+        slots: how many jobs it runs at once.
+        name: runner name (default ``hostname:pid``).
+        kill_grace_seconds: between SIGTERM and SIGKILL when a job's command is stopped.
+        on_claimed(claim), on_started(claim, pid), on_completed(ExecutionResult): test
+            signals, called from worker threads (River-style): wait on them instead of
+            sleeping. on_completed is called for every claim, reported or not.
+    """
+
+    def __init__(self, settings: Settings, *, database_url: str, pools: list[str], slots: int,
+                 name: str | None = None, kill_grace_seconds: float = 5.0,
+                 on_claimed: Callable[[Claim], None] | None = None,
+                 on_started: Callable[[Claim, int], None] | None = None,
+                 on_completed: Callable[[ExecutionResult], None] | None = None):
+        self.settings = settings
+        self.database_url = database_url
+        self.pools = list(pools)
+        self.slots = slots
+        self.name = name or default_runner_name()
+        self.kill_grace_seconds = kill_grace_seconds
+        self.on_claimed = on_claimed
+        self.on_started = on_started
+        self.on_completed = on_completed
+        self.runner_id: int | None = None
+        self.pool_ids: list[int] = []
+        self._db = None
+        self._aps: BackgroundScheduler | None = None
+        self._claimer: Claimer | None = None
+        self._active: dict[int, Execution] = {}  # attempt id -> execution
+        self._changed = threading.Condition()
+        self._is_draining = False
+        self._is_closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self, *, stop_event: threading.Event | None = None) -> bool:
+        """Register the runner row and start the periodic jobs.
+
+        While the database is unreachable, registration is retried with backoff until it
+        succeeds or ``stop_event`` is set. Returns False when stopped before registering.
+
+        Raises:
+            NotFound: a pool name is unknown. InvalidInput: bad slots or name.
+        """
+        stop_event = stop_event or threading.Event()
+        self._db = make_scheduler_pool(self.database_url, slots=self.slots)
+        try:
+            if not self._register(stop_event):
+                self._db.close()
+                self._db = None
+                return False
+        except BaseException:
+            self._db.close()
+            self._db = None
+            raise
+        s = self.settings
+        self._claimer = Claimer(self._db, s, runner_id=self.runner_id, pool_ids=self.pool_ids,
+                                free_slots=self.free_slots, launch=self._launch,
+                                is_draining=lambda: self._is_draining)
+        aps = BackgroundScheduler(
+            timezone=dt.timezone.utc, executors={"default": ThreadPoolExecutor(max_workers=8)},
+            job_defaults={"coalesce": True, "misfire_grace_time": None})
+        now = dt.datetime.now(dt.timezone.utc)
+        # Overlapping runs return at once (Periodic, Claimer.fill), so a slow run during an
+        # outage never makes APScheduler skip-and-warn. A claim wake-up while a fill runs
+        # makes that fill go round again instead of being dropped.
+        jobs = [
+            (CLAIM_JOB, Periodic("claim", self._claimer.fill, is_exclusive=False),
+             s.claim_interval_seconds, now),
+            ("expire", Periodic("expire", lambda: expiry.expire_lapsed_leases(self._db, s)),
+             s.expire_interval_seconds, now),
+            ("summarize", Periodic("summarize", lambda: summaries.refresh_queue_summary(self._db)),
+             s.summary_interval_seconds, now),
+            ("runner", Periodic("runner keep-alive", self._beat_runner), s.heartbeat_seconds,
+             None),
+        ]
+        for job_id, fn, seconds, first_run in jobs:
+            kwargs = {"next_run_time": first_run} if first_run is not None else {}
+            aps.add_job(fn, "interval", id=job_id, name=job_id, seconds=seconds,
+                        max_instances=4, **kwargs)
+        aps.start()
+        self._aps = aps
+        log.info("scheduler %s (runner %d) serving %s with %d slots; lease %g s, heartbeat %g s",
+                 self.name, self.runner_id, ", ".join(self.pools), self.slots, s.lease_seconds,
+                 s.heartbeat_seconds)
+        return True
+
+    def _register(self, stop_event: threading.Event) -> bool:
+        delay = 0.2
+        while not stop_event.is_set():
+            try:
+                with connection(self._db) as conn:
+                    self.runner_id = transitions.register_runner(
+                        conn, name=self.name, pools=self.pools, slots=self.slots,
+                        hostname=socket.gethostname(), pid=os.getpid())
+                    self.pool_ids = runner_pool_ids(conn, runner_id=self.runner_id)
+                return True
+            except DatabaseUnavailable as exc:
+                log.warning("cannot register the runner yet: %s; retrying in %.1f s", exc, delay)
+                stop_event.wait(delay)
+                delay = min(5.0, delay * 2)
+        return False
+
+    def stop(self, *, grace_seconds: float = 30.0, hurry: threading.Event | None = None) -> None:
+        """Drain (see ``drain``), then stop the periodic jobs, mark the runner stopped and
+        close the pool. Safe to call twice."""
+        if self._is_closed:
+            return
+        self.drain(grace_seconds=grace_seconds, hurry=hurry)
+        self._is_closed = True
+        if self._aps is not None:
+            self._aps.shutdown(wait=True)
+        if self.runner_id is not None:
+            for try_no in range(3):
+                try:
+                    runner_row.stop(self._db, runner_id=self.runner_id)
+                    break
+                except Exception as exc:  # DatabaseUnavailable and kin
+                    log.warning("could not mark runner %d stopped: %s", self.runner_id, exc)
+                    time.sleep(0.5 * (try_no + 1))
+        if self._db is not None:
+            self._db.close()
+        log.info("scheduler %s stopped", self.name)
+
+    def drain(self, *, grace_seconds: float = 30.0, hurry: threading.Event | None = None) -> None:
+        """Stop claiming, mark the runner draining, and wait up to ``grace_seconds`` for the
+        running jobs to end by themselves (less if ``hurry`` is set meanwhile); then stop
+        the rest (builds handed back, deployments lost) and wait for their reports."""
+        hurry = hurry or threading.Event()
+        self._is_draining = True
+        if self._aps is not None:
+            try:
+                self._aps.remove_job(CLAIM_JOB)
+            except JobLookupError:
+                pass
+        if self.runner_id is not None and self._db is not None:
+            try:
+                runner_row.beat(self._db, runner_id=self.runner_id, is_draining=True)
+            except Exception as exc:
+                log.warning("could not mark runner %d draining: %s", self.runner_id, exc)
+        n = len(self.running())
+        if n:
+            log.info("draining: waiting up to %g s for %d running job(s)", grace_seconds, n)
+        deadline = time.monotonic() + grace_seconds
+        self._wait_idle(deadline, hurry)
+        if not self.running():
+            return
+        # Stop what is left. Reports are retried at most until each lease would expire.
+        deadline = time.monotonic() + self.kill_grace_seconds + self.settings.lease_seconds + 2
+        while self.running() and time.monotonic() < deadline:
+            for e in self.running():
+                e.request_stop(hurry=hurry.is_set())
+            self._wait_idle(min(deadline, time.monotonic() + 0.2), None)
+        for e in self.running():
+            log.error("job %d attempt %d: abandoning its report", e.claim.job_id,
+                      e.claim.attempt_no)
+            e.abandon()
+            e.join(2.0)
+
+    def _wait_idle(self, deadline: float, hurry: threading.Event | None) -> None:
+        with self._changed:
+            while self._active and not (hurry is not None and hurry.is_set()):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._changed.wait(min(remaining, 0.1))
+
+    # -- slots -------------------------------------------------------------------------------
+
+    def running(self) -> list[Execution]:
+        """The executions in progress now."""
+        with self._changed:
+            return list(self._active.values())
+
+    def free_slots(self) -> int:
+        """How many more jobs this scheduler may start now."""
+        with self._changed:
+            return self.slots - len(self._active)
+
+    def wake_claimer(self) -> None:
+        """Run the claim job now instead of at its next interval (a slot just freed)."""
+        if self._is_draining or self._aps is None:
+            return
+        try:
+            self._aps.modify_job(CLAIM_JOB, next_run_time=dt.datetime.now(dt.timezone.utc))
+        except JobLookupError:
+            pass
+
+    def _launch(self, claim: Claim, sent_at: float) -> None:
+        execution = Execution(claim, pool=self._db, settings=self.settings, sent_at=sent_at,
+                              kill_grace_seconds=self.kill_grace_seconds,
+                              on_started=self.on_started, on_completed=self._completed)
+        with self._changed:
+            self._active[claim.attempt_id] = execution
+            self._changed.notify_all()
+        if self.on_claimed is not None:
+            try:
+                self.on_claimed(claim)
+            except Exception:
+                log.exception("on_claimed callback failed")
+        execution.start()
+        if self._is_draining:
+            execution.request_stop()
+
+    def _completed(self, result: ExecutionResult) -> None:
+        with self._changed:
+            self._active.pop(result.claim.attempt_id, None)
+            self._changed.notify_all()
+        self.wake_claimer()
+        if self.on_completed is not None:
+            self.on_completed(result)
+
+    def _beat_runner(self) -> None:
+        runner_row.beat(self._db, runner_id=self.runner_id, is_draining=self._is_draining)
+
+
+def _install_signal_handlers(stop_event: threading.Event,
+                             hurry: threading.Event) -> Callable[[], None]:
+    """SIGTERM/SIGINT: the first sets ``stop_event``, the next sets ``hurry``. Only in the
+    main thread (Python delivers signals there). Returns a function restoring the old ones."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_signal(signum, frame):
+        # No logging here: the handler may interrupt a thread holding the logging lock.
+        if stop_event.is_set():
+            hurry.set()
+        else:
+            stop_event.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return restore
+
+
+def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
+        name: str | None = None, grace_seconds: float = 30.0,
+        stop_event: threading.Event | None = None) -> int:
+    """Run a scheduler until SIGTERM/SIGINT (or ``stop_event``), then drain and stop.
+
+    Registers the runner row (``name``, default ``hostname:pid``) for ``pools`` with
+    ``slots`` slots, claims and runs jobs, and on stop waits up to ``grace_seconds`` for
+    running jobs before handing them back (see the module docstring). Signal handlers are
+    installed only when called from the main thread.
+
+    Returns:
+        0, the process exit code, once stopped.
+    Raises:
+        NotFound: a pool name is unknown. InvalidInput: bad slots or name. (Nothing is then
+        written.)
+    """
+    if logging.getLogger("apscheduler").level == logging.NOTSET:
+        # APScheduler logs every run of every job at INFO: several lines a second here.
+        logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    stop_event = stop_event if stop_event is not None else threading.Event()
+    hurry = threading.Event()
+    restore = _install_signal_handlers(stop_event, hurry)
+    try:
+        scheduler = Scheduler(settings, database_url=database_url, pools=pools, slots=slots,
+                              name=name)
+        if not scheduler.start(stop_event=stop_event):
+            return 0
+        try:
+            # A timed wait, so the main thread runs signal handlers promptly.
+            while not stop_event.wait(0.5):
+                pass
+            log.info("stop requested; draining (grace %g s)", grace_seconds)
+        finally:
+            scheduler.stop(grace_seconds=grace_seconds, hurry=hurry)
+        return 0
+    finally:
+        restore()

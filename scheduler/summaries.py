@@ -1,0 +1,17 @@
+"""The summary job: refresh the per-(project, pool) queue summary the console reads, every
+``summary_interval_seconds``. One statement; it writes summary rows only, never a job row."""
+
+from __future__ import annotations
+
+from sql import transitions
+from sql.scheduling import connection
+
+
+def refresh_queue_summary(pool) -> None:
+    """Recount the waiting jobs into queue_summaries.
+
+    Raises:
+        DatabaseUnavailable: the refresh did not happen; the next run will do it.
+    """
+    with connection(pool) as conn:
+        transitions.summarize_queue(conn)

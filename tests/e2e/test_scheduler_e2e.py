@@ -48,7 +48,7 @@ class Schedulers:
         self.procs: list[tuple[str, subprocess.Popen, Path]] = []
 
     def start(self, name: str, *, pools=("linux",), slots: int = 2,
-              grace_seconds: float | None = None) -> subprocess.Popen:
+              grace_seconds: float | None = None, via_cli: bool = False) -> subprocess.Popen:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
         env.update(DATABASE_URL=self.db_url, PGDISPATCH_LEASE_SECONDS=str(LEASE_SECONDS),
                    PGDISPATCH_HEARTBEAT_SECONDS="0.5", PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2",
@@ -56,7 +56,8 @@ class Schedulers:
                    PGDISPATCH_SUMMARY_INTERVAL_SECONDS="1",
                    PGDISPATCH_BACKOFF_BASE_SECONDS="0.1", PGDISPATCH_BACKOFF_CAP_SECONDS="0.2",
                    PGDISPATCH_DATA_DIR=str(self.tmp_path / "data"))
-        argv = [sys.executable, "-m", "scheduler", "--slots", str(slots), "--name", name]
+        entry = ["-m", "pgdispatch", "scheduler"] if via_cli else ["-m", "scheduler"]
+        argv = [sys.executable, *entry, "--slots", str(slots), "--name", name]
         for pool in pools:
             argv += ["--pool", pool]
         if grace_seconds is not None:

@@ -28,7 +28,7 @@ class Conflict(PgDispatchError):
 
 
 class AlreadyResolved(Conflict):
-    """Another operator acted first; the message says who and when."""
+    """Another actor moved the entity on first (SQLSTATE PDALR); the message says who and when."""
 
 
 class FencedOut(PgDispatchError):
@@ -58,9 +58,9 @@ def translate(exc: BaseException) -> BaseException:
         return InvalidInput("text must not contain NUL bytes")
     if state == "PD404":
         return NotFound(message)
+    if state == "PDALR":
+        return AlreadyResolved(message)
     if state == "PD409":
-        if "already" in message:
-            return AlreadyResolved(message)
         return Conflict(message)
     if state == "PD422":
         return InvalidInput(message)

@@ -194,6 +194,8 @@ END;
 $$;
 CREATE TRIGGER delivery_receipts_immutable BEFORE UPDATE OR DELETE ON delivery_receipts
     FOR EACH ROW EXECUTE FUNCTION pgd_forbid_change();
+CREATE TRIGGER delivery_receipts_no_truncate BEFORE TRUNCATE ON delivery_receipts
+    FOR EACH STATEMENT EXECUTE FUNCTION pgd_forbid_change();
 
 CREATE TABLE audit_events (
     id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -208,6 +210,8 @@ CREATE INDEX audit_events_subject_idx ON audit_events (subject, id DESC);
 CREATE INDEX audit_events_at_idx ON audit_events (at DESC);
 CREATE TRIGGER audit_events_immutable BEFORE UPDATE OR DELETE ON audit_events
     FOR EACH ROW EXECUTE FUNCTION pgd_forbid_change();
+CREATE TRIGGER audit_events_no_truncate BEFORE TRUNCATE ON audit_events
+    FOR EACH STATEMENT EXECUTE FUNCTION pgd_forbid_change();
 
 -- Refreshed every few seconds by a scheduler job (summarize_queue); the overview reads it
 -- instead of counting job rows.

@@ -7,6 +7,7 @@
 -- SQLSTATEs raised, translated to Python exceptions in sql/errors.py:
 --   PD404 unknown entity          PD409 state is not the one the action expects
 --   PD422 invalid input           PDF01 fenced out (stale attempt or generation)
+--   PDALR another actor already moved it on (the message says who, from the audit log)
 --   PDSKP private to pgd_claim: "this candidate lost a race, try the next one"
 
 -- "Equal jitter" backoff (AWS Architecture Blog, "Exponential Backoff And Jitter", 2015):
@@ -90,6 +91,7 @@ DECLARE
     c         record;
     v_job     jobs%ROWTYPE;
     v_attempt bigint;
+    v_claimed timestamptz;
     v_lease   timestamptz;
 BEGIN
     IF p_lease_seconds IS NULL OR p_lease_seconds <= 0 OR p_lease_seconds > 86400 THEN
@@ -165,11 +167,15 @@ BEGIN
              WHERE j.id = v_job.id
             RETURNING * INTO v_job;
 
-            v_lease := clock_timestamp() + make_interval(secs => p_lease_seconds);
+            -- claimed_at is the clock now, under every lock this claim holds, not now() (the
+            -- transaction's start, which may precede the wait for the organization row): so
+            -- [claimed_at, finished_at) is exactly when the attempt held its capacity.
+            v_claimed := clock_timestamp();
+            v_lease := v_claimed + make_interval(secs => p_lease_seconds);
             INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
-                                  lease_expires_at, last_heartbeat_at)
+                                  claimed_at, lease_expires_at, last_heartbeat_at)
             VALUES (v_job.id, v_job.attempts_made, v_job.generation, p_runner_id, p_claim_token,
-                    'running', v_lease, now())
+                    'running', v_claimed, v_lease, now())
             RETURNING id INTO v_attempt;
 
             RETURN QUERY SELECT v_job.id, v_attempt, v_job.attempts_made, v_job.generation, v_lease,
@@ -315,7 +321,9 @@ BEGIN
 
     UPDATE attempts
        SET state = v_att_state,
-           finished_at = now(),
+           -- under every lock, like claimed_at (see pgd_claim); a late report keeps the time
+           -- the lease lapsed, when the attempt's slots were really released
+           finished_at = CASE WHEN v_is_late THEN finished_at ELSE clock_timestamp() END,
            exit_code = p_exit_code,
            error = p_error,
            output_tail = coalesce(p_output_tail, output_tail)
@@ -325,6 +333,18 @@ BEGIN
         PERFORM pgd_release_dependents(v_job.id);
     ELSIF v_job_state IN ('failed', 'cancelled') THEN
         PERFORM pgd_cancel_dependents(v_job.id, format('dependency %s %s', v_job.id, v_job_state));
+    END IF;
+
+    IF v_is_late THEN
+        -- the uncertain target is freed by the runner, not an operator: say so in the audit
+        -- log, so the next operator hears who resolved it
+        PERFORM pgd_audit('runner:' || r.name, 'late_report', 'target:' || t.name,
+                          format('attempt %s of job %s reported %s after its lease lapsed',
+                                 p_attempt_id, v_job.id, p_outcome),
+                          jsonb_build_object('job_id', v_job.id, 'attempt_id', p_attempt_id,
+                                             'outcome', p_outcome))
+          FROM runners r, targets t
+         WHERE r.id = v_attempt.runner_id AND t.id = v_ids.target_id;
     END IF;
 
     v_response := jsonb_build_object(
@@ -406,7 +426,7 @@ BEGIN
              WHERE id = c.job_id;
             UPDATE attempts
                SET state = CASE WHEN c.target_id IS NOT NULL THEN 'lost' ELSE 'expired' END,
-                   finished_at = now(), error = 'lease expired'
+                   finished_at = clock_timestamp(), error = 'lease expired'
              WHERE id = c.attempt_id;
             IF v_state IN ('failed', 'cancelled') THEN
                 PERFORM pgd_cancel_dependents(c.job_id, format('dependency %s %s', c.job_id, v_state));
@@ -539,7 +559,7 @@ BEGIN
     IF NOT FOUND THEN
         SELECT * INTO v FROM projects WHERE name = p_project;
         RAISE EXCEPTION 'project % is already paused by %', p_project, pgd_last_actor('project:' || p_project)
-            USING ERRCODE = 'PD409';
+            USING ERRCODE = 'PDALR';
     END IF;
     PERFORM pgd_audit(p_actor, 'pause_project', 'project:' || p_project, p_reason);
     RETURN jsonb_build_object('project', p_project, 'paused_at', v.paused_at, 'paused_by', p_actor);
@@ -555,8 +575,8 @@ BEGIN
     UPDATE projects SET paused_at = NULL, pause_reason = NULL, paused_by = NULL
      WHERE name = p_project AND paused_at IS NOT NULL;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'project % is not paused (resumed by %)', p_project, pgd_last_actor('project:' || p_project)
-            USING ERRCODE = 'PD409';
+        RAISE EXCEPTION 'project % is already running (resumed by %)', p_project, pgd_last_actor('project:' || p_project)
+            USING ERRCODE = 'PDALR';
     END IF;
     PERFORM pgd_audit(p_actor, 'resume_project', 'project:' || p_project, p_reason);
     RETURN jsonb_build_object('project', p_project, 'paused_at', NULL);
@@ -578,7 +598,7 @@ BEGIN
     END IF;
     IF v.approved_at IS NOT NULL OR v.state <> 'blocked' THEN
         RAISE EXCEPTION 'job % is already approved or ended (%, by %)', p_job_id, v.state,
-            coalesce(v.approved_by, pgd_last_actor('job:' || p_job_id)) USING ERRCODE = 'PD409';
+            coalesce(v.approved_by, pgd_last_actor('job:' || p_job_id)) USING ERRCODE = 'PDALR';
     END IF;
     UPDATE jobs
        SET approved_at = now(), approved_by = p_actor,
@@ -614,7 +634,7 @@ BEGIN
          WHERE id = p_job_id RETURNING * INTO v;
     ELSE
         RAISE EXCEPTION 'job % is % and cannot be cancelled (last action by %)', p_job_id, v.state,
-            pgd_last_actor('job:' || p_job_id) USING ERRCODE = 'PD409';
+            pgd_last_actor('job:' || p_job_id) USING ERRCODE = 'PDALR';
     END IF;
     PERFORM pgd_audit(p_actor, 'cancel_job', 'job:' || p_job_id, p_reason);
     RETURN jsonb_build_object('job_id', p_job_id, 'state', v.state,
@@ -635,7 +655,7 @@ BEGIN
     END IF;
     IF v.state NOT IN ('failed', 'cancelled') THEN
         RAISE EXCEPTION 'job % is % and cannot be retried (last action by %)', p_job_id, v.state,
-            pgd_last_actor('job:' || p_job_id) USING ERRCODE = 'PD409';
+            pgd_last_actor('job:' || p_job_id) USING ERRCODE = 'PDALR';
     END IF;
     IF v.pending_dependencies > 0 OR (v.requires_approval AND v.approved_at IS NULL) THEN
         RAISE EXCEPTION 'job % still waits on a dependency or an approval', p_job_id USING ERRCODE = 'PD409';
@@ -671,14 +691,14 @@ BEGIN
     END IF;
     IF v_target.state <> 'uncertain' THEN
         RAISE EXCEPTION 'target % is % (already resolved by %)', p_target, v_target.state,
-            pgd_last_actor('target:' || p_target) USING ERRCODE = 'PD409';
+            pgd_last_actor('target:' || p_target) USING ERRCODE = 'PDALR';
     END IF;
     -- lock order: job before target
     SELECT * INTO v_job FROM jobs WHERE id = v_target.holder_job_id FOR UPDATE;
     SELECT * INTO v_target FROM targets WHERE id = v_target.id FOR UPDATE;
     IF v_target.state <> 'uncertain' OR v_job.state <> 'uncertain' THEN
         RAISE EXCEPTION 'target % is % (already resolved by %)', p_target, v_target.state,
-            pgd_last_actor('target:' || p_target) USING ERRCODE = 'PD409';
+            pgd_last_actor('target:' || p_target) USING ERRCODE = 'PDALR';
     END IF;
     v_state := CASE p_outcome WHEN 'retry' THEN 'queued' ELSE p_outcome END;
     UPDATE jobs

@@ -1,0 +1,439 @@
+"""Race harness: real connections in real threads, started together by a barrier.
+
+Three instruments:
+
+* ``run_together`` runs one callable per thread, each on its own connection, all released
+  at once by a ``threading.Barrier``, and returns every result or exception.
+* ``Watcher`` samples, in one snapshot per sample, every capacity counter beside its limit
+  and beside the number of running attempts that should back it (and every target beside
+  the jobs holding it), and records each sample where a counter is over its limit or
+  disagrees with the attempts.
+* ``max_overlaps`` sweeps the attempts' ``[claimed_at, finished_at)`` intervals for the
+  most attempts that held one organization, project, pool or target at once. That sweep is
+  exact because pgd_claim, pgd_complete and pgd_expire_one stamp those columns with
+  ``clock_timestamp()`` *after* locking the organization, project and pool rows, locks held
+  to commit: for two transactions touching the same row the stamps are in commit order.
+  (Stamped with ``now()``, the start of the transaction, they were not: a claim that began
+  before a completion and then waited for its lock looked as if it overlapped it, and a
+  correct run of test_claim_races showed "pool linux: 12 of 8".)
+
+The ``BROKEN_*`` functions are deliberately wrong copies of the transitions, installed in a
+test's database only to show that these instruments catch what they are meant to catch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import defaultdict
+from typing import Any, Callable
+
+from sql import db, transitions
+
+BARRIER_TIMEOUT_S = 30.0
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one racer's callable returned or raised."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+
+def run_together(db_url: str, fns: list[Callable[[Any], Any]], *,
+                 timeout_s: float = 60.0) -> list[Outcome]:
+    """Run ``fns[i](conn_i)`` in thread i on its own connection; all start at one barrier.
+
+    Connections are opened before the barrier so that only the racing work races.
+    """
+    barrier = threading.Barrier(len(fns), timeout=BARRIER_TIMEOUT_S)
+    outcomes = [Outcome() for _ in fns]
+
+    def body(i: int) -> None:
+        started = False
+        try:
+            with db.connect(db_url, application_name=f"racer-{i}") as conn:
+                barrier.wait()
+                started = True
+                outcomes[i].value = fns[i](conn)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test, not swallowed
+            outcomes[i].error = exc
+            if not started:
+                barrier.abort()  # the others must not wait for a racer that never came
+
+    threads = [threading.Thread(target=body, args=(i,), name=f"racer-{i}") for i in range(len(fns))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    alive = [t.name for t in threads if t.is_alive()]
+    assert not alive, f"racers still running after {timeout_s} s (a deadlock or a lost wakeup?): {alive}"
+    return outcomes
+
+
+def transaction_retries() -> float:
+    """How many transactions this process has retried after 40P01 / 40001 (sql.metrics)."""
+    from sql import metrics
+
+    return sum(s.value for m in metrics.TRANSACTION_RETRIES.collect() for s in m.samples
+               if s.name.endswith("_total"))
+
+
+def raise_first_error(outcomes: list[Outcome]) -> None:
+    """Re-raise the first exception a racer hit, so a test fails with its real cause."""
+    for o in outcomes:
+        if o.error is not None:
+            raise o.error
+
+
+# One snapshot: every counter, its limit, and what actually backs it.
+SAMPLE_SQL = """
+WITH live AS (
+    SELECT p.organization_id AS org_id, j.project_id, j.pool_id, j.target_id
+      FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN projects p ON p.id = j.project_id
+     WHERE a.state = 'running'
+), holders AS (
+    SELECT j.target_id, count(*) AS n, min(j.id) AS job_id
+      FROM jobs j WHERE j.state IN ('running', 'uncertain') AND j.target_id IS NOT NULL
+     GROUP BY j.target_id
+)
+SELECT 'organization' AS kind, o.name, o.running, o.max_running AS lim,
+       o.running = (SELECT count(*) FROM live WHERE live.org_id = o.id) AS ok
+  FROM organizations o
+UNION ALL
+SELECT 'project', p.name, p.running, p.max_running,
+       p.running = (SELECT count(*) FROM live WHERE live.project_id = p.id)
+  FROM projects p
+UNION ALL
+SELECT 'pool', q.name, q.running, q.slots,
+       q.running = (SELECT count(*) FROM live WHERE live.pool_id = q.id)
+  FROM pools q
+UNION ALL
+SELECT 'target', t.name, coalesce(h.n, 0)::integer, 1,
+       (t.state = 'free') = (h.n IS NULL)
+       AND (h.n IS NULL OR (h.n = 1 AND t.holder_job_id = h.job_id))
+  FROM targets t LEFT JOIN holders h ON h.target_id = t.id
+"""
+
+
+class Watcher:
+    """A thread on its own connection sampling counters and limits until stopped.
+
+    ``violations`` lists samples where a counter exceeded its limit or disagreed with the
+    running attempts (for a target: more than one holder, or a holder the row does not name).
+    """
+
+    def __init__(self, db_url: str, *, interval_s: float = 0.002):
+        self.db_url = db_url
+        self.interval_s = interval_s
+        self.samples = 0
+        self.max_seen: dict[tuple[str, str], int] = defaultdict(int)
+        self.violations: list[str] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="watcher")
+
+    def _run(self) -> None:
+        try:
+            with db.connect(self.db_url, application_name="watcher") as conn:
+                while not self._stop.is_set():
+                    self.check(conn.execute(SAMPLE_SQL).fetchall())
+                    time.sleep(self.interval_s)
+        except BaseException as exc:  # noqa: BLE001 - reported by stop()
+            self.error = exc
+
+    def check(self, rows: list[dict[str, Any]]) -> None:
+        self.samples += 1
+        for r in rows:
+            key = (r["kind"], r["name"])
+            self.max_seen[key] = max(self.max_seen[key], r["running"])
+        self.violations += violations_in(rows)
+
+    def __enter__(self) -> "Watcher":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._stop.set()
+            self._thread.join(30)
+        if self.error is not None:
+            raise self.error
+
+
+def violations_in(rows: list[dict[str, Any]]) -> list[str]:
+    """What is wrong in one SAMPLE_SQL snapshot: counters over limits, or disagreeing."""
+    out = []
+    for r in rows:
+        if r["lim"] is not None and r["running"] > r["lim"]:
+            out.append(f"{r['kind']} {r['name']}: {r['running']} running, limit {r['lim']}")
+        if not r["ok"]:
+            out.append(f"{r['kind']} {r['name']}: counter {r['running']} disagrees "
+                       f"with the attempts or holders backing it")
+    return out
+
+
+def check_now(conn) -> list[str]:
+    """The watcher's check on one snapshot, now; returns the violations."""
+    return violations_in(conn.execute(SAMPLE_SQL).fetchall())
+
+
+def max_overlaps(conn) -> dict[tuple[str, str], int]:
+    """The most attempts that held each organization, project, pool and target at once,
+    by a sweep over ``[claimed_at, finished_at)`` (a running attempt's interval never ends)."""
+    events: dict[tuple[str, str], list[tuple[Any, int]]] = defaultdict(list)
+    rows = conn.execute("""
+        SELECT a.claimed_at, a.finished_at, o.name AS organization, p.name AS project,
+               q.name AS pool, t.name AS target
+          FROM attempts a JOIN jobs j ON j.id = a.job_id
+          JOIN projects p ON p.id = j.project_id JOIN organizations o ON o.id = p.organization_id
+          JOIN pools q ON q.id = j.pool_id LEFT JOIN targets t ON t.id = j.target_id""").fetchall()
+    for r in rows:
+        keys = [("organization", r["organization"]), ("project", r["project"]), ("pool", r["pool"])]
+        if r["target"] is not None:
+            keys.append(("target", r["target"]))
+        for key in keys:
+            events[key].append((r["claimed_at"], +1))
+            if r["finished_at"] is not None:
+                events[key].append((r["finished_at"], -1))
+    out = {}
+    for key, evs in events.items():
+        evs.sort(key=lambda e: (e[0], e[1]))  # at a tie an end comes before a start
+        n = best = 0
+        for _, delta in evs:
+            n += delta
+            best = max(best, n)
+        out[key] = best
+    return out
+
+
+def limits(conn) -> dict[tuple[str, str], int]:
+    """Every organization's, bounded project's and pool's limit, and 1 for every target."""
+    rows = conn.execute("""
+        SELECT 'organization' AS kind, name, max_running AS lim FROM organizations
+        UNION ALL SELECT 'project', name, max_running FROM projects WHERE max_running IS NOT NULL
+        UNION ALL SELECT 'pool', name, slots FROM pools
+        UNION ALL SELECT 'target', name, 1 FROM targets""").fetchall()
+    return {(r["kind"], r["name"]): r["lim"] for r in rows}
+
+
+# A deliberately broken claim. It judges eligibility, capacity and the target on a plain
+# read, widens the window with pg_sleep, then takes every reservation unconditionally, in
+# the documented lock order. With p_skip_locked it then takes a job of the chosen project
+# and pool with FOR UPDATE SKIP LOCKED, as pgd_claim does (so racers get different jobs and
+# only the stale capacity and target checks are wrong); without, it runs the job it read,
+# never locked and never re-checked. Same result columns as pgd_claim.
+BROKEN_CLAIM_SQL = """
+CREATE FUNCTION pgd_claim_broken(p_runner_id bigint, p_pool_ids bigint[], p_claim_token uuid,
+                                 p_lease_seconds double precision,
+                                 p_sleep_seconds double precision, p_skip_locked boolean)
+RETURNS TABLE (job_id bigint, attempt_id bigint, attempt_no integer, generation bigint,
+               lease_expires_at timestamptz, project_id bigint, pool_id bigint,
+               target_id bigint, command text[], timeout_seconds integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_job     jobs%ROWTYPE;
+    v_org     bigint;
+    v_attempt bigint;
+    v_lease   timestamptz;
+BEGIN
+    SELECT j.* INTO v_job
+      FROM jobs j
+      JOIN projects p ON p.id = j.project_id
+      JOIN organizations o ON o.id = p.organization_id
+      JOIN pools q ON q.id = j.pool_id
+      LEFT JOIN targets t ON t.id = j.target_id
+     WHERE j.pool_id = ANY (p_pool_ids) AND j.state = 'queued' AND j.ready_at <= now()
+       AND p.paused_at IS NULL AND o.running < o.max_running
+       AND (p.max_running IS NULL OR p.running < p.max_running) AND q.running < q.slots
+       AND (j.target_id IS NULL OR t.state = 'free')
+     ORDER BY j.priority DESC, j.id
+     LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT p.organization_id INTO v_org FROM projects p WHERE p.id = v_job.project_id;
+    PERFORM pg_sleep(p_sleep_seconds);  -- widen the window between the check and the act
+    BEGIN
+        UPDATE organizations o SET running = o.running + 1 WHERE o.id = v_org;
+        UPDATE projects p SET running = p.running + 1, last_claimed_at = now()
+         WHERE p.id = v_job.project_id;
+        UPDATE pools q SET running = q.running + 1 WHERE q.id = v_job.pool_id;
+        IF p_skip_locked THEN
+            SELECT j.* INTO v_job
+              FROM jobs j
+             WHERE j.project_id = v_job.project_id AND j.pool_id = v_job.pool_id
+               AND j.state = 'queued' AND j.ready_at <= now()
+             ORDER BY j.priority DESC, j.id
+             LIMIT 1
+               FOR UPDATE OF j SKIP LOCKED;
+            IF NOT FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'PDSKP';
+            END IF;
+        END IF;
+        IF v_job.target_id IS NOT NULL THEN
+            UPDATE targets t SET state = 'held', holder_job_id = v_job.id, held_since = now()
+             WHERE t.id = v_job.target_id;
+        END IF;
+        UPDATE jobs j
+           SET state = 'running', generation = j.generation + 1,
+               attempts_made = j.attempts_made + 1, started_at = coalesce(j.started_at, now())
+         WHERE j.id = v_job.id
+        RETURNING * INTO v_job;
+        v_lease := clock_timestamp() + make_interval(secs => p_lease_seconds);
+        INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
+                              claimed_at, lease_expires_at, last_heartbeat_at)
+        VALUES (v_job.id, v_job.attempts_made, v_job.generation, p_runner_id, p_claim_token,
+                'running', clock_timestamp(), v_lease, now())
+        RETURNING id INTO v_attempt;
+        RETURN QUERY SELECT v_job.id, v_attempt, v_job.attempts_made, v_job.generation, v_lease,
+                            v_job.project_id, v_job.pool_id, v_job.target_id, v_job.command,
+                            v_job.timeout_seconds;
+    EXCEPTION WHEN SQLSTATE 'PDSKP' THEN
+        RETURN;
+    END;
+END;
+$$;
+"""
+
+
+def install_broken_claim(conn) -> None:
+    conn.execute(BROKEN_CLAIM_SQL)
+
+
+def broken_claim(conn, *, runner_id: int, pools: list[int], sleep_s: float, skip_locked: bool,
+                 lease_seconds: float = 30.0) -> transitions.Claim | None:
+    """Call pgd_claim_broken in one retried transaction, as sql.transitions.claim calls pgd_claim."""
+    token = transitions.new_claim_token()
+
+    def tx(c):
+        return c.execute("SELECT * FROM pgd_claim_broken(%s, %s, %s, %s, %s, %s)",
+                         (runner_id, pools, token, lease_seconds, sleep_s, skip_locked)).fetchone()
+
+    row = db.in_transaction(conn, tx, tx_name="claim_broken")
+    return None if row is None else transitions.Claim(**row, claim_token=token)
+
+
+# A deliberately broken expiry: the lapsed lease is found by a plain read, the window is
+# widened, then the attempt is ended and its slots released without any lock or re-check
+# (no SKIP LOCKED, no "is it still running with a lapsed lease?").
+BROKEN_EXPIRE_SQL = """
+CREATE FUNCTION pgd_expire_one_broken(p_sleep_seconds double precision) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+BEGIN
+    SELECT a.id AS attempt_id, a.job_id, j.project_id, j.pool_id, j.target_id,
+           p.organization_id AS org_id
+      INTO c
+      FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN projects p ON p.id = j.project_id
+     WHERE a.state = 'running' AND a.lease_expires_at < clock_timestamp()
+     ORDER BY a.lease_expires_at, a.id
+     LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_sleep(p_sleep_seconds);
+    UPDATE organizations SET running = running - 1 WHERE id = c.org_id;
+    UPDATE projects SET running = running - 1 WHERE id = c.project_id;
+    UPDATE pools SET running = running - 1 WHERE id = c.pool_id;
+    UPDATE jobs SET state = CASE WHEN c.target_id IS NULL THEN 'queued' ELSE 'uncertain' END,
+                    failures = failures + 1
+     WHERE id = c.job_id;
+    IF c.target_id IS NOT NULL THEN
+        UPDATE targets SET state = 'uncertain' WHERE id = c.target_id;
+    END IF;
+    UPDATE attempts
+       SET state = CASE WHEN c.target_id IS NULL THEN 'expired' ELSE 'lost' END,
+           finished_at = now(), error = 'lease expired'
+     WHERE id = c.attempt_id;
+    RETURN jsonb_build_object('attempt_id', c.attempt_id, 'job_id', c.job_id,
+                              'is_deployment', c.target_id IS NOT NULL);
+END;
+$$;
+"""
+
+
+def install_broken_expire(conn) -> None:
+    conn.execute(BROKEN_EXPIRE_SQL)
+
+
+def broken_expire_one(conn, *, sleep_s: float) -> dict[str, Any] | None:
+    """Call pgd_expire_one_broken in one retried transaction."""
+    def tx(c):
+        return c.execute("SELECT pgd_expire_one_broken(%s) AS r", (sleep_s,)).fetchone()["r"]
+
+    return db.in_transaction(conn, tx, tx_name="expire_broken")
+
+
+@dataclasses.dataclass
+class LoadReport:
+    """What a claim -> complete load saw."""
+
+    completed: int
+    per_loop: list[int]
+    errors: list[BaseException]
+    watcher: Watcher
+    overlaps: dict[tuple[str, str], int]
+    limits: dict[tuple[str, str], int]
+    retries: int  # transactions retried after a deadlock or serialization failure
+
+    def over_limit(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """Entities whose sweep overlap exceeded their limit: {key: (overlap, limit)}."""
+        return {k: (v, self.limits[k]) for k, v in self.overlaps.items()
+                if k in self.limits and v > self.limits[k]}
+
+
+def run_load(db_url: str, *, claim: Callable[[Any], transitions.Claim | None], loops: int,
+             total_jobs: int, hold_s: tuple[float, float] = (0.001, 0.005),
+             timeout_s: float = 60.0) -> LoadReport:
+    """``loops`` threads, each on its own connection, claim -> hold -> complete until
+    ``total_jobs`` completions, while a Watcher samples; then sweep the attempts' intervals.
+    A loop that raises stops every loop."""
+    import random
+
+    lock = threading.Lock()
+    done = [0]
+    stop = threading.Event()
+    deadline = time.monotonic() + timeout_s
+
+    def loop(conn) -> int:
+        rng = random.Random()
+        mine = 0
+        try:
+            while not stop.is_set() and time.monotonic() < deadline:
+                with lock:
+                    if done[0] >= total_jobs:
+                        break
+                c = claim(conn)
+                if c is None:
+                    time.sleep(0.001)
+                    continue
+                time.sleep(rng.uniform(*hold_s))
+                transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
+                                     outcome="succeeded", exit_code=0, receipt_key=c.receipt_key)
+                mine += 1
+                with lock:
+                    done[0] += 1
+        except BaseException:
+            stop.set()
+            raise
+        return mine
+
+    retries_before = transaction_retries()
+    with Watcher(db_url) as watcher:
+        outcomes = run_together(db_url, [loop] * loops, timeout_s=timeout_s + 30)
+    retries = transaction_retries() - retries_before
+    with db.connect(db_url) as conn:
+        overlaps = max_overlaps(conn)
+        lims = limits(conn)
+    return LoadReport(completed=done[0], per_loop=[o.value or 0 for o in outcomes],
+                      errors=[o.error for o in outcomes if o.error is not None],
+                      watcher=watcher, overlaps=overlaps, limits=lims, retries=int(retries))

@@ -1,0 +1,248 @@
+"""The schema has the invariants DESIGN.md says the database enforces, and they bite; and
+``db upgrade`` run by two processes at once on an empty database applies each migration once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import uuid
+from urllib.parse import urlsplit
+
+import pytest
+
+from sql import db, migrate, transitions
+
+from ..conftest import with_database
+
+MIGRATIONS = ["0001_initial", "0002_transitions"]
+
+# DESIGN.md, "Entities and states"
+STATES = {
+    "jobs": {"blocked", "queued", "running", "succeeded", "failed", "cancelled", "uncertain"},
+    "attempts": {"running", "succeeded", "failed", "expired", "cancelled", "lost"},
+    "targets": {"free", "held", "uncertain"},
+}
+
+
+def sqlstate_of(conn, statement: str, params=()) -> str:
+    """Run a statement that must fail; return its SQLSTATE."""
+    with pytest.raises(Exception) as info:
+        conn.execute(statement, params)
+    state = getattr(info.value, "sqlstate", None)
+    assert state, f"not a database error: {info.value!r}"
+    return state
+
+
+def constraints(conn, table: str, contype: str) -> list[dict]:
+    return conn.execute(
+        "SELECT conname, pg_get_constraintdef(c.oid) AS def, "
+        "       ARRAY(SELECT a.attname FROM unnest(c.conkey) WITH ORDINALITY k(n, i) "
+        "             JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = k.n "
+        "             ORDER BY k.i)::text[] AS cols "
+        "  FROM pg_constraint c WHERE c.conrelid = %s::regclass AND c.contype = %s",
+        (table, contype)).fetchall()
+
+
+def index(conn, name: str) -> dict:
+    return conn.execute(
+        "SELECT i.indisunique AS is_unique, t.relname AS table, "
+        "       pg_get_expr(i.indpred, i.indrelid) AS predicate, "
+        "       ARRAY(SELECT a.attname FROM unnest(i.indkey) WITH ORDINALITY k(n, o) "
+        "             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.n "
+        "             ORDER BY k.o)::text[] AS cols "
+        "  FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid JOIN pg_class t ON t.oid = i.indrelid "
+        " WHERE c.relname = %s", (name,)).fetchone()
+
+
+def test_every_state_column_has_a_check_with_exactly_the_design_states(conn):
+    for table, states in STATES.items():
+        checks = [c["def"] for c in constraints(conn, table, "c")
+                  if re.match(r"CHECK \(\(state = ANY \(ARRAY\[", c["def"])]
+        assert len(checks) == 1, (table, checks)
+        assert set(re.findall(r"'(\w+)'::text", checks[0])) == states, table
+
+
+def test_state_checks_refuse_an_unknown_state(world):
+    world.setup(targets=("production",))
+    job = world.job()
+    assert sqlstate_of(world.conn, "UPDATE jobs SET state = 'paused' WHERE id = %s", (job["id"],)) == "23514"
+    assert sqlstate_of(world.conn, "UPDATE targets SET state = 'broken'") == "23514"
+    c = world.claim(world.runner())
+    assert sqlstate_of(world.conn, "UPDATE attempts SET state = 'zombie' WHERE id = %s",
+                       (c.attempt_id,)) == "23514"
+
+
+def test_attempts_are_unique_per_job_number_generation_and_claim_token(conn):
+    uniques = {tuple(c["cols"]) for c in constraints(conn, "attempts", "u")}
+    assert {("job_id", "attempt_no"), ("job_id", "generation"), ("claim_token",)} <= uniques
+
+
+def test_one_running_attempt_per_job_and_one_holder_per_target_are_unique_indexes(conn):
+    running = index(conn, "attempts_one_running_per_job")
+    assert running == {"is_unique": True, "table": "attempts", "cols": ["job_id"],
+                       "predicate": "(state = 'running'::text)"}
+    holder = index(conn, "jobs_one_holder_per_target")
+    assert holder["is_unique"] and holder["table"] == "jobs" and holder["cols"] == ["target_id"]
+    assert "'running'" in holder["predicate"] and "'uncertain'" in holder["predicate"]
+
+
+def test_the_unique_indexes_bite(world):
+    """A second running attempt for a job, or a second holder of a target, is refused even
+    when written directly, past the transitions."""
+    world.setup(pools=("deploy",), targets=("production",))
+    runner = world.runner(pools=("deploy",))
+    first = world.job(pool="deploy", target="production")
+    second = world.job(pool="deploy", target="production")
+    c = world.claim(runner, pools=("deploy",))
+    assert c.job_id == first["id"]
+    assert sqlstate_of(world.conn, "UPDATE jobs SET state = 'running' WHERE id = %s", (second["id"],)) == "23505"
+    assert sqlstate_of(
+        world.conn,
+        "INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state, lease_expires_at) "
+        "VALUES (%s, 2, 2, %s, %s, 'running', now())", (c.job_id, runner, str(uuid.uuid4()))) == "23505"
+    assert sqlstate_of(
+        world.conn,
+        "INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state, "
+        "lease_expires_at, finished_at) VALUES (%s, 2, 2, %s, %s, 'failed', now(), now())",
+        (c.job_id, runner, c.claim_token)) == "23505"  # the claim token is taken
+
+
+def test_counters_refuse_negative_values(world):
+    world.setup(project_limit=3)
+    for table in ("organizations", "projects", "pools"):
+        assert sqlstate_of(world.conn, f"UPDATE {table} SET running = -1") == "23514"
+        assert sqlstate_of(world.conn, f"UPDATE {table} SET running = running - 1") == "23514"
+    for table, limit in (("organizations", "max_running"), ("projects", "max_running"), ("pools", "slots")):
+        assert sqlstate_of(world.conn, f"UPDATE {table} SET {limit} = -1") == "23514"
+    assert {c["def"] for c in constraints(world.conn, "organizations", "c")} >= {"CHECK ((running >= 0))"}
+
+
+def test_ownership_is_enforced_by_foreign_keys(conn):
+    refs = {(t, tuple(c["cols"]), re.search(r"REFERENCES (\w+)", c["def"]).group(1))
+            for t in ("projects", "project_pools", "jobs", "attempts", "job_dependencies",
+                      "delivery_receipts", "targets", "api_tokens")
+            for c in constraints(conn, t, "f")}
+    assert refs >= {
+        ("projects", ("organization_id",), "organizations"),
+        ("project_pools", ("project_id",), "projects"),
+        ("project_pools", ("pool_id",), "pools"),
+        ("jobs", ("project_id",), "projects"),
+        ("jobs", ("pool_id",), "pools"),
+        ("jobs", ("target_id",), "targets"),
+        ("attempts", ("job_id",), "jobs"),
+        ("attempts", ("runner_id",), "runners"),
+        ("job_dependencies", ("job_id",), "jobs"),
+        ("job_dependencies", ("depends_on_job_id",), "jobs"),
+        ("delivery_receipts", ("attempt_id",), "attempts"),
+        ("targets", ("holder_job_id",), "jobs"),
+        ("api_tokens", ("user_id",), "users"),
+    }
+
+
+def test_receipts_and_audit_events_refuse_update_and_delete(world):
+    world.setup()
+    world.job()
+    c = world.claim(world.runner())
+    world.complete(c)
+    transitions.pause_project(world.conn, project="web", reason="freeze", actor="alice")
+    key = c.receipt_key
+    assert [r["def"] for r in constraints(world.conn, "delivery_receipts", "p")] == ["PRIMARY KEY (key)"]
+    for statement, params in (
+        ("UPDATE delivery_receipts SET outcome = 'failed' WHERE key = %s", (key,)),
+        ("UPDATE delivery_receipts SET key = 'other' WHERE key = %s", (key,)),
+        ("DELETE FROM delivery_receipts WHERE key = %s", (key,)),
+        ("UPDATE audit_events SET actor = 'mallory'", ()),
+        ("DELETE FROM audit_events", ()),
+    ):
+        assert sqlstate_of(world.conn, statement, params) == "PDIMM", statement
+    receipt = world.conn.execute("SELECT outcome FROM delivery_receipts WHERE key = %s", (key,)).fetchone()
+    assert receipt == {"outcome": "succeeded"}
+    actors = [r["actor"] for r in world.conn.execute("SELECT actor FROM audit_events ORDER BY id")]
+    assert actors[-1] == "alice" and "mallory" not in actors
+    # a second receipt with the same key is refused
+    assert sqlstate_of(world.conn, "INSERT INTO delivery_receipts (key, attempt_id, outcome, response) "
+                       "VALUES (%s, %s, 'failed', '{}')", (key, c.attempt_id)) == "23505"
+
+
+def _upgrade(url: str, barrier, results) -> None:
+    """One process's `db upgrade` (run in a spawned child)."""
+    barrier.wait(60)
+    try:
+        results.put(("ok", migrate.upgrade(url)))
+    except BaseException as exc:  # noqa: BLE001 - sent back to the test
+        results.put(("error", repr(exc)))
+
+
+def _upgrade_without_locks(url: str, barrier, results) -> None:
+    """A deliberately broken `db upgrade`: no advisory lock, no yoyo lock; each process
+    decides what is pending, then both apply it."""
+    from yoyo import get_backend, read_migrations
+
+    try:
+        backend = get_backend(migrate._yoyo_url(url))
+        pending = backend.to_apply(read_migrations(str(migrate.MIGRATIONS_DIR)))
+        barrier.wait(60)
+        backend.apply_migrations(pending)
+        results.put(("ok", [m.id for m in pending]))
+    except BaseException as exc:  # noqa: BLE001 - sent back to the test
+        barrier.abort()
+        results.put(("error", repr(exc)))
+
+
+def race_upgrades(server_url: str, upgrade) -> tuple[str, list]:
+    """Two spawned processes run ``upgrade`` at once on a new, empty database (created from
+    template1, not from the migrated template). Returns its URL and what each reported."""
+    name = f"pgd_test_migrate_{uuid.uuid4().hex[:8]}"
+    with db.connect(server_url) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    url = with_database(server_url, name)
+    assert migrate.applied_migrations(url) == []
+    ctx = multiprocessing.get_context("spawn")
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=upgrade, args=(url, barrier, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    outcomes = [results.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+        assert p.exitcode == 0
+    return url, outcomes
+
+
+def check_applied_once(url: str, outcomes: list) -> None:
+    assert all(kind == "ok" for kind, _ in outcomes), outcomes
+    applied = sorted((ids for _, ids in outcomes), key=len)
+    assert applied == [[], MIGRATIONS]  # one did the work, the other found nothing to do
+    assert migrate.applied_migrations(url) == MIGRATIONS
+    with db.connect(url) as conn:
+        log = conn.execute("SELECT migration_id, count(*) AS n FROM _yoyo_log "
+                           "WHERE operation = 'apply' GROUP BY 1 ORDER BY 1").fetchall()
+        assert log == [{"migration_id": m, "n": 1} for m in MIGRATIONS]
+        assert conn.execute("SELECT to_regprocedure('pgd_claim(bigint, bigint[], uuid, double precision)') "
+                            "IS NOT NULL AS ok").fetchone()["ok"]
+
+
+@pytest.fixture
+def drop_databases(server_url):
+    urls: list[str] = []
+    yield urls
+    with db.connect(server_url) as conn:
+        for url in urls:
+            conn.execute(f"DROP DATABASE IF EXISTS {urlsplit(url).path.lstrip('/')} WITH (FORCE)")
+
+
+def test_two_processes_upgrading_an_empty_database_apply_each_migration_once(server_url, drop_databases):
+    url, outcomes = race_upgrades(server_url, _upgrade)
+    drop_databases.append(url)
+    check_applied_once(url, outcomes)
+    assert migrate.upgrade(url) == []  # and a third run is a no-op
+
+
+def test_the_check_catches_an_upgrade_without_locks(server_url, drop_databases):
+    """Both processes find both migrations pending; the second to create the tables fails
+    (duplicate key in pg_type), and the check reports it."""
+    url, outcomes = race_upgrades(server_url, _upgrade_without_locks)
+    drop_databases.append(url)
+    assert any(kind == "error" for kind, _ in outcomes), outcomes
+    with pytest.raises(AssertionError):
+        check_applied_once(url, outcomes)

@@ -1,0 +1,143 @@
+"""The claim's job selection is served by jobs_claim_idx, not a scan of the jobs table.
+
+The SELECT is taken verbatim from pgd_claim in migrations/0002_transitions.sql (so the test
+follows the function when it changes) and explained three ways: with literal ids (a custom
+plan), as a prepared statement forced to a generic plan (what PL/pgSQL switches to after a
+few calls), and, through auto_explain, as the plans pgd_claim itself runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from sql import db, migrate, transitions
+
+PROJECTS = ("web", "api", "shop", "ops", "docs")
+QUEUED_PER_PROJECT = 800
+FINISHED = 20000
+
+
+def claim_selection_sql() -> str:
+    """pgd_claim's job-selection statement, with ``INTO v_job`` removed and the candidate's
+    ids left as ``c.project_id`` / ``c.pool_id`` for the caller to bind."""
+    text = (migrate.MIGRATIONS_DIR / "0002_transitions.sql").read_text()
+    body = text[text.index("CREATE FUNCTION pgd_claim("):]
+    body = body[:body.index("$$;")]
+    match = re.search(r"SELECT j\.\* INTO v_job\s+FROM jobs j.*?SKIP LOCKED", body, re.S)
+    assert match, "pgd_claim's job selection not found: update this test with the function"
+    return match.group(0).replace(" INTO v_job", "")
+
+
+@pytest.fixture
+def loaded(world):
+    """Several projects with thousands of queued jobs and many more finished ones, analyzed."""
+    world.apply({
+        "organizations": [{"name": "acme", "max_running": 1000}],
+        "pools": [{"name": "linux", "slots": 1000}, {"name": "mac", "slots": 1000}],
+        "projects": [{"name": p, "organization": "acme", "pools": ["linux", "mac"]} for p in PROJECTS],
+        "targets": [{"name": "production"}],
+    })
+    c = world.conn
+    c.execute("""
+        INSERT INTO jobs (project_id, pool_id, state, priority, command)
+        SELECT p.id, q.id, 'queued', (g %% 7) - 3, ARRAY['make', g::text]
+          FROM projects p, pools q, generate_series(1, %s) g
+         WHERE q.name = CASE WHEN g %% 4 = 0 THEN 'mac' ELSE 'linux' END""", (QUEUED_PER_PROJECT,))
+    c.execute("""
+        INSERT INTO jobs (project_id, pool_id, state, command, attempts_made, generation,
+                          started_at, finished_at, created_at)
+        SELECT p.id, q.id, 'succeeded', ARRAY['make', g::text], 1, 1,
+               now() - interval '1 day', now() - interval '1 day', now() - interval '2 days'
+          FROM (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM projects) p,
+               pools q, generate_series(1, %s) g
+         WHERE q.name = 'linux' AND g %% %s = p.n""", (FINISHED, len(PROJECTS)))
+    c.execute("ANALYZE")
+    ids = {r["name"]: r["id"] for r in c.execute("SELECT id, name FROM projects")}
+    pool = c.execute("SELECT id FROM pools WHERE name = 'linux'").fetchone()["id"]
+    counts = c.execute("SELECT state, count(*) AS n FROM jobs GROUP BY 1 ORDER BY 1").fetchall()
+    assert counts == [{"state": "queued", "n": QUEUED_PER_PROJECT * len(PROJECTS)},
+                      {"state": "succeeded", "n": FINISHED}]
+    return {"project_ids": ids, "pool_id": pool}
+
+
+def plan_nodes(plan: dict):
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def assert_uses_claim_index(plan: dict) -> None:
+    nodes = list(plan_nodes(plan))
+    on_jobs = [n for n in nodes if n.get("Relation Name") == "jobs"]
+    assert on_jobs, "no scan of jobs in the plan"
+    for n in on_jobs:
+        assert n["Node Type"] in ("Index Scan", "Index Only Scan"), json.dumps(plan, indent=1)
+        assert n["Index Name"] == "jobs_claim_idx", json.dumps(plan, indent=1)
+    # the index yields (priority DESC, id) order, so LIMIT 1 stops at the first unlocked row
+    assert not any(n["Node Type"] in ("Sort", "Incremental Sort") for n in nodes), json.dumps(plan, indent=1)
+
+
+def explain(conn, statement: str, params=()) -> dict:
+    return conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()["QUERY PLAN"][0]["Plan"]
+
+
+def test_claim_selection_with_literal_ids_uses_the_claim_index(conn, loaded):
+    sql = claim_selection_sql()
+    for project_id in loaded["project_ids"].values():
+        statement = sql.replace("c.project_id", str(project_id)).replace("c.pool_id", str(loaded["pool_id"]))
+        assert_uses_claim_index(explain(conn, statement))
+
+
+def test_claim_selection_as_a_generic_plan_uses_the_claim_index(conn, loaded):
+    statement = claim_selection_sql().replace("c.project_id", "$1").replace("c.pool_id", "$2")
+    conn.execute(f"PREPARE pick(bigint, bigint) AS {statement}")
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    project_id = loaded["project_ids"]["web"]
+    assert_uses_claim_index(explain(conn, f"EXECUTE pick({project_id}, {loaded['pool_id']})"))
+
+
+def test_pgd_claim_runs_its_selections_on_the_claim_index(db_url, world, loaded):
+    """auto_explain, at NOTICE level, reports every statement pgd_claim runs; over more
+    claims than PL/pgSQL needs to switch to a cached generic plan."""
+    runner = world.runner(pools=("linux",), slots=100)
+    plans: list[dict] = []
+
+    def on_notice(diag) -> None:
+        message = diag.message_primary or ""
+        if "plan:" in message:
+            plans.append(json.loads(message[message.index("{"):]))
+
+    with db.connect(db_url) as conn:
+        conn.add_notice_handler(on_notice)
+        conn.execute("LOAD 'auto_explain'")
+        for setting, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
+                               ("log_format", "json"), ("log_level", "notice")):
+            conn.execute(f"SET auto_explain.{setting} = {value}")
+        for _ in range(8):
+            c = transitions.claim(conn, runner_id=runner, pools=[loaded["pool_id"]],
+                                  claim_token=transitions.new_claim_token(), lease_seconds=30)
+            assert c is not None
+    selections = [p for p in plans if "SKIP LOCKED" in p["Query Text"] and "FROM jobs j" in p["Query Text"]]
+    assert len(selections) == 8, [p["Query Text"][:60] for p in plans]
+    for p in selections:
+        assert_uses_claim_index(p["Plan"])
+    # the candidate query's EXISTS probe must not scan the jobs table either
+    candidates = [p for p in plans if "FROM project_pools pp" in p["Query Text"]]
+    assert candidates
+    for p in candidates:
+        scans = [n for n in plan_nodes(p["Plan"]) if n.get("Relation Name") == "jobs"]
+        assert scans and all(n["Node Type"] != "Seq Scan" for n in scans), json.dumps(p["Plan"], indent=1)
+
+
+def test_the_check_fails_without_the_claim_index(conn, loaded):
+    """With jobs_claim_idx dropped the same selection is planned some other way (a scan of
+    the jobs table or another index, and a sort), and the check says so."""
+    conn.execute("DROP INDEX jobs_claim_idx")
+    conn.execute("ANALYZE jobs")
+    statement = (claim_selection_sql().replace("c.project_id", str(loaded["project_ids"]["web"]))
+                 .replace("c.pool_id", str(loaded["pool_id"])))
+    with pytest.raises(AssertionError):
+        assert_uses_claim_index(explain(conn, statement))

@@ -3,8 +3,9 @@
 It speaks just enough of the frontend/backend protocol (PostgreSQL docs 55.2, "Message Flow")
 to find message boundaries in the client's stream: after the startup packet every message is
 one type byte and a big-endian int32 length. When ``drop_after_commit`` is armed and the client
-sends a simple Query whose text is COMMIT, the proxy forwards it to the server and closes the
-client's socket without relaying the answer — the transaction commits, the client never hears.
+sends a simple Query whose text is COMMIT, the proxy forwards it to the server, waits for the
+server's answer (so the commit has happened), swallows it and closes the client's socket —
+the transaction committed, the client never hears.
 """
 
 from __future__ import annotations
@@ -53,8 +54,9 @@ class CommitDroppingProxy:
             except OSError:
                 return
             server = self._connect_upstream()
-            threading.Thread(target=self._pump_server, args=(server, client), daemon=True).start()
-            threading.Thread(target=self._pump_client, args=(client, server), daemon=True).start()
+            swallow = threading.Event()  # set once this client's COMMIT is on its way
+            threading.Thread(target=self._pump_server, args=(server, client, swallow), daemon=True).start()
+            threading.Thread(target=self._pump_client, args=(client, server, swallow), daemon=True).start()
 
     @staticmethod
     def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -66,11 +68,17 @@ class CommitDroppingProxy:
             buf += chunk
         return buf
 
-    def _pump_server(self, server: socket.socket, client: socket.socket) -> None:
+    def _pump_server(self, server: socket.socket, client: socket.socket,
+                     swallow: threading.Event) -> None:
         try:
             while True:
                 data = server.recv(65536)
                 if not data:
+                    break
+                if swallow.is_set():
+                    # the answer to the dropped COMMIT: the commit is done; the client never hears
+                    with self._lock:
+                        self.commits_dropped += 1
                     break
                 client.sendall(data)
         except OSError:
@@ -82,7 +90,8 @@ class CommitDroppingProxy:
                 except OSError:
                     pass
 
-    def _pump_client(self, client: socket.socket, server: socket.socket) -> None:
+    def _pump_client(self, client: socket.socket, server: socket.socket,
+                     swallow: threading.Event) -> None:
         try:
             # startup packets (SSLRequest / GSSENCRequest / StartupMessage) have no type byte
             while True:
@@ -96,20 +105,17 @@ class CommitDroppingProxy:
                 kind = self._recv_exact(client, 1)
                 length = struct.unpack("!I", self._recv_exact(client, 4))[0]
                 body = self._recv_exact(client, length - 4)
-                server.sendall(kind + struct.pack("!I", length) + body)
-                if (kind == b"Q" and self.drop_after_commit.is_set()
-                        and body.rstrip(b"\x00").strip().upper() == b"COMMIT"):
-                    with self._lock:
-                        self.commits_dropped += 1
+                is_commit = (kind == b"Q" and self.drop_after_commit.is_set()
+                             and body.rstrip(b"\x00").strip().upper() == b"COMMIT")
+                if is_commit:
                     self.drop_after_commit.clear()
-                    # the server executes the COMMIT; the client never hears back
-                    client.shutdown(socket.SHUT_RDWR)
-                    client.close()
-                    return
+                    swallow.set()
+                server.sendall(kind + struct.pack("!I", length) + body)
+                if is_commit:
+                    return  # _pump_server closes the client once the commit has answered
         except (OSError, ConnectionError, struct.error):
             pass
-        finally:
-            try:
-                client.close()
-            except OSError:
-                pass
+        try:
+            client.close()
+        except OSError:
+            pass

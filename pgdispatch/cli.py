@@ -197,7 +197,7 @@ def jobs_explain(obj: Context, job_id: int) -> None:
     from sql import explain
 
     with obj.connect() as conn:
-        emit(explain.explain_job(conn, job_id=job_id, live_seconds=obj.settings.lease_seconds * 3))
+        emit(explain.explain_job(conn, job_id=job_id, live_seconds=obj.settings.lease_seconds))
 
 
 def _job_action(name: str, doc: str):

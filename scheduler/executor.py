@@ -41,6 +41,7 @@ from sql.transitions import Claim
 log = logging.getLogger(__name__)
 
 OUTPUT_TAIL_BYTES = 64 * 1024
+HEARTBEAT_TAIL_BYTES = 16 * 1024  # the part of the tail a heartbeat carries, when it changed
 # Environment variables a job must not inherit from its scheduler: the database it could
 # otherwise write to directly, and the scheduler's own settings and secrets.
 _PRIVATE_ENV = ("DATABASE_URL", "PGPASSWORD", "PGPASSFILE")
@@ -86,18 +87,26 @@ class OutputTail:
     def __init__(self, limit: int = OUTPUT_TAIL_BYTES):
         self.limit = limit
         self._buf = bytearray()
+        self._lock = threading.Lock()  # written by the execution, read by the heartbeat
         self.total_bytes = 0
 
     def write(self, chunk: bytes) -> None:
         """Append ``chunk``, dropping the oldest bytes beyond the limit."""
-        self.total_bytes += len(chunk)
-        self._buf += chunk
-        if len(self._buf) > self.limit:
-            del self._buf[:len(self._buf) - self.limit]
+        with self._lock:
+            self.total_bytes += len(chunk)
+            self._buf += chunk
+            if len(self._buf) > self.limit:
+                del self._buf[:len(self._buf) - self.limit]
 
     def text(self) -> str:
         """The kept bytes as UTF-8 text (undecodable bytes replaced)."""
-        return self._buf.decode("utf-8", errors="replace")
+        with self._lock:
+            return self._buf.decode("utf-8", errors="replace")
+
+    def snapshot(self, limit_bytes: int) -> tuple[int, str]:
+        """(bytes written so far, the last ``limit_bytes`` of them as UTF-8 text)."""
+        with self._lock:
+            return self.total_bytes, self._buf[-limit_bytes:].decode("utf-8", errors="replace")
 
 
 def job_environment(claim: Claim, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -160,9 +169,13 @@ class _Heartbeat(threading.Thread):
     """Extends the lease every ``heartbeat_seconds``; records fencing and cancel requests."""
 
     def __init__(self, claim: Claim, *, pool, settings: Settings, sent_at: float,
-                 wake: Callable[[], None]):
+                 wake: Callable[[], None], tail: OutputTail | None = None):
         super().__init__(name=f"heartbeat-{claim.job_id}", daemon=True)
         self.claim = claim
+        # the output so far rides along with each beat that has news, so that a deployment
+        # lost with its runner leaves evidence for the operator who resolves its target
+        self.tail = tail
+        self._tail_sent_bytes = 0
         self.pool = pool
         self.settings = settings
         self.last_ok_sent_at = sent_at  # monotonic: when the last request that succeeded was sent
@@ -176,11 +189,14 @@ class _Heartbeat(threading.Thread):
         wait = interval
         while not self.stopping.wait(wait):
             sent = time.monotonic()
+            total, text = self.tail.snapshot(HEARTBEAT_TAIL_BYTES) if self.tail else (0, "")
             try:
                 with connection(self.pool, timeout_seconds=interval) as conn:
-                    lease = transitions.heartbeat(conn, attempt_id=self.claim.attempt_id,
-                                                  generation=self.claim.generation,
-                                                  lease_seconds=self.settings.lease_seconds)
+                    lease = transitions.heartbeat(
+                        conn, attempt_id=self.claim.attempt_id, generation=self.claim.generation,
+                        lease_seconds=self.settings.lease_seconds,
+                        output_tail=text if total != self._tail_sent_bytes else None)
+                self._tail_sent_bytes = total
             except FencedOut:
                 log.warning("job %d attempt %d: heartbeat fenced out", self.claim.job_id,
                             self.claim.attempt_no)
@@ -292,9 +308,9 @@ class Execution:
                                 None)
 
         self.pid = proc.pid
-        hb = _Heartbeat(claim, pool=self.pool, settings=self.settings, sent_at=self.sent_at,
-                        wake=self._waker.wake)
         tail = OutputTail()
+        hb = _Heartbeat(claim, pool=self.pool, settings=self.settings, sent_at=self.sent_at,
+                        wake=self._waker.wake, tail=tail)
         try:
             if self.on_started is not None:
                 try:

@@ -14,7 +14,8 @@ SELECT a.id AS attempt_id, a.job_id, a.attempt_no, a.generation, a.lease_expires
 -- Locks only the attempt row (last in lock order).
 UPDATE attempts a
    SET lease_expires_at = clock_timestamp() + make_interval(secs => :lease_seconds),
-       last_heartbeat_at = now()
+       last_heartbeat_at = now(),
+       output_tail = coalesce(CAST(:output_tail AS text), a.output_tail)
   FROM jobs j
  WHERE a.id = :attempt_id AND a.generation = :generation AND a.state = 'running'
    AND j.id = a.job_id

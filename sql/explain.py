@@ -166,6 +166,7 @@ def explain_job(conn, *, job_id: int, live_seconds: float = 90.0) -> dict[str, A
 
     Returns:
         {"job_id", "state", "reason" (the first code, or None when running/finished),
+         "message" (the first reason's, or what the job is doing),
          "reasons": [{"code", "message", "details"}...]} — codes from REASON_CODES.
     Raises:
         NotFound: no such job.
@@ -176,8 +177,14 @@ def explain_job(conn, *, job_id: int, live_seconds: float = 90.0) -> dict[str, A
     world = read_world(conn, live_seconds=live_seconds)
     pending = list(Q.list_pending_dependencies(conn, job_id=job_id)) if job["pending_dependencies"] else []
     reasons = reasons_for(job, world, pending)
+    if reasons:
+        message = reasons[0].message
+    elif job["state"] == "running":
+        message = f"job {job_id} is running (attempt {job['attempts_made']})"
+    else:
+        message = f"job {job_id} has ended: {job['state']}"
     return {"job_id": job_id, "state": job["state"],
-            "reason": reasons[0].code if reasons else None,
+            "reason": reasons[0].code if reasons else None, "message": message,
             "reasons": [r.as_dict() for r in reasons]}
 
 

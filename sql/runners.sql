@@ -16,14 +16,15 @@ UPDATE runners SET last_heartbeat_at = now(), draining = :draining
 UPDATE runners SET stopped_at = now(), draining = true WHERE id = :runner_id AND stopped_at IS NULL;
 
 -- name: list_runners
--- Runners not stopped, or stopped within the hour, with live flag and slots used.
+-- Runners seen or stopped within the hour (older dead ones drop off), with live flag and slots used.
 SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
        r.stopped_at,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
        (r.stopped_at IS NULL AND r.last_heartbeat_at > now() - make_interval(secs => :live_seconds)) AS is_live,
        (SELECT count(*) FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running') AS slots_used
   FROM runners r
- WHERE r.stopped_at IS NULL OR r.stopped_at > now() - interval '1 hour'
+ WHERE (r.stopped_at IS NULL AND r.last_heartbeat_at > now() - interval '1 hour')
+    OR r.stopped_at > now() - interval '1 hour'
  ORDER BY r.stopped_at IS NOT NULL, r.name, r.id;
 
 -- name: live_runner_pools

@@ -138,16 +138,21 @@ def recover_claim(conn, *, claim_token: str, backend_pid: int | None,
 
 
 @transition("heartbeat")
-def heartbeat(conn, *, attempt_id: int, generation: int, lease_seconds: float) -> Lease:
+def heartbeat(conn, *, attempt_id: int, generation: int, lease_seconds: float,
+              output_tail: str | None = None) -> Lease:
     """Extend the lease of a running attempt by ``lease_seconds`` from the database's now.
 
     A conditional UPDATE: only if the attempt is still running with that generation.
+    ``output_tail``, when given, replaces the attempt's stored output so far (evidence for an
+    operator if the runner is lost).
 
     Raises:
         FencedOut: no such running attempt with that generation; stop the work now.
     """
+    if output_tail is not None:
+        output_tail = output_tail.replace("\x00", "\ufffd")
     row = Q.extend_lease(conn, attempt_id=attempt_id, generation=generation,
-                         lease_seconds=float(lease_seconds))
+                         lease_seconds=float(lease_seconds), output_tail=output_tail)
     if row is None:
         raise FencedOut(f"attempt {attempt_id} generation {generation} is fenced out")
     return Lease(row["lease_expires_at"], row["is_cancel_requested"])

@@ -108,7 +108,7 @@ def test_pause_resume_are_audited_and_conditional(pgd, conn):
     (["submit", "--project", "web", "--pool", "nope", "--", "true"], 3, "unknown pool"),
     (["jobs", "show", "999"], 3, "unknown job 999"),
     (["jobs", "show", "abc"], 2, "not a valid integer"),
-    (["targets", "resolve", "production", "--outcome", "succeeded", "--note", "ok"], 4, "is free"),
+    (["targets", "resolve", "production", "--outcome", "succeeded", "--note", "ok"], 4, "nothing to resolve"),
     (["targets", "resolve", "production", "--outcome", "maybe", "--note", "ok"], 2, "outcome"),
     (["projects", "pause", "web", "--reason", "  "], 2, "reason is required"),
     (["scheduler", "--pool", "linux", "--slots", "0"], 2, "slots"),

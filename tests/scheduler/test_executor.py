@@ -177,3 +177,21 @@ def test_process_group_leftovers_are_killed_when_the_command_exits(world, start_
     assert result.outcome == "succeeded" and result.run_seconds < 3.0
     assert "started" in result.output_tail
     assert not is_alive(int(wait_for_file(pidfile)))
+
+
+def test_heartbeats_carry_the_output_so_far(world, start_scheduler, pid_files):
+    """A running job's output reaches the database before it ends, so a deployment lost with
+    its runner leaves evidence for the operator resolving its target."""
+    world.setup()
+    job = world.job(command=["sh", "-c", f"echo deploying step 1; echo $$ > {pid_files}/$PGDISPATCH_JOB_ID.pid; "
+                             "exec sleep 30"])
+    start_scheduler()
+    wait_for_file(pid_files / f"{job['id']}.pid")
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        [attempt] = attempts_of(world.conn, job["id"])
+        if attempt["output_tail"] and "deploying step 1" in attempt["output_tail"]:
+            break
+        time.sleep(0.05)
+    assert attempt["state"] == "running"
+    assert "deploying step 1" in (attempt["output_tail"] or "")

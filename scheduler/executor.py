@@ -41,7 +41,9 @@ from sql.transitions import Claim
 log = logging.getLogger(__name__)
 
 OUTPUT_TAIL_BYTES = 64 * 1024
-HEARTBEAT_TAIL_BYTES = 16 * 1024  # the part of the tail a heartbeat carries, when it changed
+HEARTBEAT_TAIL_BYTES = 16 * 1024
+# how long past its lease a finished attempt keeps trying to report (a database outage)
+LATE_REPORT_SECONDS = 900.0  # the part of the tail a heartbeat carries, when it changed
 # Environment variables a job must not inherit from its scheduler: the database it could
 # otherwise write to directly, and the scheduler's own settings and secrets.
 _PRIVATE_ENV = ("DATABASE_URL", "PGPASSWORD", "PGPASSFILE")
@@ -109,6 +111,12 @@ class OutputTail:
             return self.total_bytes, self._buf[-limit_bytes:].decode("utf-8", errors="replace")
 
 
+def fence_margin_seconds(lease_seconds: float) -> float:
+    """How long before a lease could lapse a job is fenced (by the executor and the
+    watchdog alike): a tenth of the lease, at most one second."""
+    return min(1.0, lease_seconds / 10)
+
+
 def job_environment(claim: Claim, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment a job's command runs with: the scheduler's own, without the database
     URL, password or any PGDISPATCH_* setting, plus PGDISPATCH_JOB_ID, PGDISPATCH_ATTEMPT
@@ -169,9 +177,12 @@ class _Heartbeat(threading.Thread):
     """Extends the lease every ``heartbeat_seconds``; records fencing and cancel requests."""
 
     def __init__(self, claim: Claim, *, pool, settings: Settings, sent_at: float,
-                 wake: Callable[[], None], tail: OutputTail | None = None):
+                 wake: Callable[[], None], tail: OutputTail | None = None, watchdog=None,
+                 pgid: int | None = None):
         super().__init__(name=f"heartbeat-{claim.job_id}", daemon=True)
         self.claim = claim
+        self.watchdog = watchdog
+        self.pgid = pgid
         # the output so far rides along with each beat that has news, so that a deployment
         # lost with its runner leaves evidence for the operator who resolves its target
         self.tail = tail
@@ -209,6 +220,9 @@ class _Heartbeat(threading.Thread):
                 wait = max(0.1, interval / 4)
                 continue
             self.last_ok_sent_at = max(self.last_ok_sent_at, sent)
+            if self.watchdog is not None and self.pgid is not None:
+                self.watchdog.arm(self.pgid, lease_from=self.last_ok_sent_at,
+                                  lease_seconds=self.settings.lease_seconds)
             wait = interval
             if lease.is_cancel_requested and not self.is_cancel_requested.is_set():
                 self.is_cancel_requested.set()
@@ -232,8 +246,10 @@ class Execution:
     def __init__(self, claim: Claim, *, pool, settings: Settings, sent_at: float,
                  kill_grace_seconds: float = 5.0,
                  on_started: Callable[[Claim, int], None] | None = None,
-                 on_completed: Callable[[ExecutionResult], None] | None = None):
+                 on_completed: Callable[[ExecutionResult], None] | None = None,
+                 watchdog=None):
         self.claim = claim
+        self.watchdog = watchdog  # scheduler.watchdog.Watchdog, or None
         self.pool = pool
         self.settings = settings
         self.sent_at = sent_at
@@ -310,7 +326,10 @@ class Execution:
         self.pid = proc.pid
         tail = OutputTail()
         hb = _Heartbeat(claim, pool=self.pool, settings=self.settings, sent_at=self.sent_at,
-                        wake=self._waker.wake, tail=tail)
+                        wake=self._waker.wake, tail=tail, watchdog=self.watchdog, pgid=proc.pid)
+        if self.watchdog is not None:
+            self.watchdog.arm(proc.pid, lease_from=self.sent_at,
+                              lease_seconds=self.settings.lease_seconds)
         try:
             if self.on_started is not None:
                 try:
@@ -324,6 +343,8 @@ class Execution:
             # Whatever happened, nothing of the job's process group survives it.
             _kill_group(proc.pid, signal.SIGKILL)
             proc.wait()
+            if self.watchdog is not None:
+                self.watchdog.disarm(proc.pid)
             proc.stdout.close()
         # A beat in flight could otherwise race the completion; it is short or it is stuck.
         hb.join(timeout=self.settings.heartbeat_seconds)
@@ -358,7 +379,8 @@ class Execution:
     def _supervise(self, proc: subprocess.Popen, hb: _Heartbeat, tail: OutputTail) -> str | None:
         """Read output and enforce the rules until the command exits; returns the stop reason."""
         claim = self.claim
-        lease = self.settings.lease_seconds
+        # Fence a margin before the lease could lapse, at the same moment as the watchdog.
+        lease = self.settings.lease_seconds - fence_margin_seconds(self.settings.lease_seconds)
         out_fd = proc.stdout.fileno()
         os.set_blocking(out_fd, False)
         timeout_at = time.monotonic() + claim.timeout_seconds
@@ -384,6 +406,10 @@ class Execution:
                     is_exited = os.waitid(os.P_PID, proc.pid,
                                           os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
                 if is_exited:
+                    if stop_reason is None and now - hb.last_ok_sent_at >= lease:
+                        # killed by the watchdog at the fence deadline (or ended just then):
+                        # the lease may be gone, so this attempt is no longer ours to report
+                        stop_reason = "self_fenced"
                     break
                 if stop_reason not in ("fenced", "self_fenced"):
                     if hb.is_fenced.is_set():
@@ -465,11 +491,12 @@ class Execution:
                 exit_code: int | None, error: str | None, output: str,
                 stop_reason: str | None) -> ExecutionResult:
         """Complete the attempt, retrying with backoff after a lost connection (the receipt
-        key makes a repeat harmless) until it is recorded, fenced out, or the lease would have
-        expired. A deployment's succeeded/failed report keeps trying past the lease: the
-        database accepts it late, and it is what frees an uncertain target."""
+        key makes a repeat harmless) until it is recorded or fenced out. A succeeded/failed
+        report keeps trying past the lease, for up to LATE_REPORT_SECONDS: the database
+        accepts it late as long as nobody has claimed the job since (for a deployment, it is
+        what frees an uncertain target); other outcomes give up when the lease would lapse."""
         claim = self.claim
-        is_late_ok = claim.is_deployment and outcome in ("succeeded", "failed")
+        is_late_ok = outcome in ("succeeded", "failed")
         try_no = 0
         checkout_seconds = max(1.0, self.settings.heartbeat_seconds)
         while True:
@@ -491,7 +518,8 @@ class Execution:
                 expires_at = last_ok_sent_at() + self.settings.lease_seconds
                 delay = random.uniform(0, min(5.0, 0.1 * 2 ** try_no))
                 now = time.monotonic()
-                if self._abandon.is_set() or (not is_late_ok and now + delay >= expires_at):
+                if (self._abandon.is_set() or (not is_late_ok and now + delay >= expires_at)
+                        or now + delay >= expires_at + LATE_REPORT_SECONDS):
                     log.error("job %d attempt %d: could not report %s (%s); giving up, the lease "
                               "expiry will decide", claim.job_id, claim.attempt_no, outcome, exc)
                     return ExecutionResult(claim, self.pid, None, exit_code, error, output,

@@ -33,8 +33,9 @@ from sql.transitions import Claim
 
 from . import expiry, runner_row, summaries
 from .claiming import Claimer
-from .executor import Execution, ExecutionResult
+from .executor import Execution, ExecutionResult, fence_margin_seconds
 from .periodic import Periodic
+from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class Scheduler:
         self._aps: BackgroundScheduler | None = None
         self._claimer: Claimer | None = None
         self._active: dict[int, Execution] = {}  # attempt id -> execution
+        self._watchdog: Watchdog | None = None
         self._changed = threading.Condition()
         self._is_draining = False
         self._is_closed = False
@@ -97,15 +99,20 @@ class Scheduler:
             NotFound: a pool name is unknown. InvalidInput: bad slots or name.
         """
         stop_event = stop_event or threading.Event()
+        # Guards jobs against this process being frozen or killed (scheduler/watchdog.py):
+        # it acts a tenth of a lease (at most 1 s) before the lease could lapse.
+        self._watchdog = Watchdog(margin_seconds=fence_margin_seconds(self.settings.lease_seconds))
         self._db = make_scheduler_pool(self.database_url, slots=self.slots)
         try:
             if not self._register(stop_event):
                 self._db.close()
                 self._db = None
+                self._close_watchdog()
                 return False
         except BaseException:
             self._db.close()
             self._db = None
+            self._close_watchdog()
             raise
         s = self.settings
         self._claimer = Claimer(self._db, s, runner_id=self.runner_id, pool_ids=self.pool_ids,
@@ -174,7 +181,13 @@ class Scheduler:
                     time.sleep(0.5 * (try_no + 1))
         if self._db is not None:
             self._db.close()
+        self._close_watchdog()
         log.info("scheduler %s stopped", self.name)
+
+    def _close_watchdog(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.close()
+            self._watchdog = None
 
     def drain(self, *, grace_seconds: float = 30.0, hurry: threading.Event | None = None) -> None:
         """Stop claiming, mark the runner draining, and wait up to ``grace_seconds`` for the
@@ -243,7 +256,8 @@ class Scheduler:
     def _launch(self, claim: Claim, sent_at: float) -> None:
         execution = Execution(claim, pool=self._db, settings=self.settings, sent_at=sent_at,
                               kill_grace_seconds=self.kill_grace_seconds,
-                              on_started=self.on_started, on_completed=self._completed)
+                              on_started=self.on_started, on_completed=self._completed,
+                              watchdog=self._watchdog)
         with self._changed:
             self._active[claim.attempt_id] = execution
             self._changed.notify_all()
@@ -292,13 +306,15 @@ def _install_signal_handlers(stop_event: threading.Event,
 
 def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
         name: str | None = None, grace_seconds: float = 30.0,
-        stop_event: threading.Event | None = None) -> int:
+        stop_event: threading.Event | None = None,
+        watch: Callable[[Scheduler], None] | None = None) -> int:
     """Run a scheduler until SIGTERM/SIGINT (or ``stop_event``), then drain and stop.
 
     Registers the runner row (``name``, default ``hostname:pid``) for ``pools`` with
     ``slots`` slots, claims and runs jobs, and on stop waits up to ``grace_seconds`` for
     running jobs before handing them back (see the module docstring). Signal handlers are
-    installed only when called from the main thread.
+    installed only when called from the main thread. ``watch(scheduler)`` is called before
+    it starts (``scheduler.metrics.Exporter.watch``: this process's metrics endpoint).
 
     Returns:
         0, the process exit code, once stopped.
@@ -315,6 +331,8 @@ def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
     try:
         scheduler = Scheduler(settings, database_url=database_url, pools=pools, slots=slots,
                               name=name)
+        if watch is not None:
+            watch(scheduler)
         if not scheduler.start(stop_event=stop_event):
             return 0
         try:

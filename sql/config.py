@@ -33,6 +33,9 @@ def _entries(doc: dict[str, Any], section: str, allowed: set[str], required: set
         missing = required - set(entry)
         if missing:
             raise InvalidInput(f"{where}: missing key {sorted(missing)[0]!r}")
+        for k in ("name", "username", "organization", "role", "password_env"):
+            if k in entry and not isinstance(entry[k], str):
+                raise InvalidInput(f"{where}: {k} must be a string")
         key = entry.get("name", entry.get("username"))
         if key in seen:
             raise InvalidInput(f"{where}: {key!r} is declared twice")
@@ -67,16 +70,16 @@ def load_config(text: str, env: dict[str, str] | None = None) -> dict[str, list[
                      {"username", "role", "password_env"})
     for e in orgs:
         check_text("organization name", e["name"], max_len=63)
-        e["max_running"] = check_int(f"organization {e['name']} max_running", e["max_running"], 0, 100000)
+        e["max_running"] = check_int(f"organization {e['name']} max_running", e["max_running"], 0, 100000, strict=True)
     for e in pools:
         check_text("pool name", e["name"], max_len=63)
-        e["slots"] = check_int(f"pool {e['name']} slots", e["slots"], 0, 100000)
+        e["slots"] = check_int(f"pool {e['name']} slots", e["slots"], 0, 100000, strict=True)
     for e in projects:
         check_text("project name", e["name"], max_len=63)
         check_text(f"project {e['name']} organization", e["organization"], max_len=63)
-        e["weight"] = check_int(f"project {e['name']} weight", e.get("weight", 1), 1, 1000)
+        e["weight"] = check_int(f"project {e['name']} weight", e.get("weight", 1), 1, 1000, strict=True)
         if e.get("max_running") is not None:
-            e["max_running"] = check_int(f"project {e['name']} max_running", e["max_running"], 0, 100000)
+            e["max_running"] = check_int(f"project {e['name']} max_running", e["max_running"], 0, 100000, strict=True)
         else:
             e["max_running"] = None
         e["pools"] = e.get("pools", [])
@@ -113,14 +116,19 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str) -> dict[str, int]:
         current = Q.get_project_organization(conn, name=p["name"])
         if current is not None and current != p["organization"]:
             raise InvalidInput(f"project {p['name']} belongs to {current}; it cannot move to {p['organization']}")
+    # Rows are written in the documented lock order (organizations, then projects, then
+    # pools), each kind sorted by name, because an upsert locks its row even when nothing
+    # changes; a different order deadlocks against claims and completions.
     changed = 0
-    for o in cfg["organizations"]:
+    for o in sorted(cfg["organizations"], key=lambda e: e["name"]):
         changed += Q.upsert_organization(conn, name=o["name"], max_running=o["max_running"])
-    for p in cfg["pools"]:
-        changed += Q.upsert_pool(conn, name=p["name"], slots=p["slots"])
-    for p in cfg["projects"]:
+    projects = sorted(cfg["projects"], key=lambda e: e["name"])
+    for p in projects:
         changed += Q.upsert_project(conn, name=p["name"], organization=p["organization"],
                                     weight=p["weight"], max_running=p["max_running"])
+    for p in sorted(cfg["pools"], key=lambda e: e["name"]):
+        changed += Q.upsert_pool(conn, name=p["name"], slots=p["slots"])
+    for p in projects:
         changed += Q.set_project_pools(conn, project=p["name"], pools=p["pools"])
         changed += Q.revoke_other_pools(conn, project=p["name"], pools=p["pools"])
     for t in cfg["targets"]:

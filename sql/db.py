@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
 
 from . import metrics
-from .errors import translate
+from .errors import InvalidInput, translate
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -32,10 +32,39 @@ def connect(url: str, *, application_name: str = "pgdispatch", **kwargs: Any) ->
         DatabaseUnavailable: the server cannot be reached.
     """
     try:
-        return psycopg.connect(url, autocommit=True, row_factory=dict_row,
+        conn = psycopg.connect(url, autocommit=True, row_factory=dict_row,
                                application_name=application_name, **kwargs)
+    except psycopg.ProgrammingError as exc:
+        # libpq could not parse the URL / conninfo
+        raise InvalidInput(f"not a valid database URL: {str(exc).splitlines()[0]}") from None
     except psycopg.Error as exc:
         raise translate(exc) from None
+    try:
+        bound_idle_transactions(conn)
+    except psycopg.Error as exc:
+        conn.close()
+        raise translate(exc) from None
+    return conn
+
+
+# A session idle inside a transaction for this long has lost its client: the process died
+# behind a proxy or NAT that kept its socket open, or the network is partitioned. The server
+# then ends the session and its row locks go with it. pgdispatch's transactions are short and
+# never wait on anything outside the database, so no live one is ever idle this long; without
+# the bound, one vanished claimer holding an organization row stalls every claim, completion
+# and expiry of that organization (and every scheduler's claim loop behind it) until TCP
+# keepalive notices, hours later. A value set for the server, database or role, or in
+# PGOPTIONS, is left alone (PostgreSQL docs 19.11.1, idle_in_transaction_session_timeout).
+IDLE_IN_TRANSACTION_TIMEOUT_S = 60
+
+
+def bound_idle_transactions(conn: psycopg.Connection) -> None:
+    """Set this session's ``idle_in_transaction_session_timeout`` to
+    IDLE_IN_TRANSACTION_TIMEOUT_S seconds unless the configuration already sets one.
+    ``conn`` must be in autocommit mode (the setting then lasts for the session)."""
+    conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false) "
+                 "WHERE current_setting('idle_in_transaction_session_timeout') = '0'",
+                 (f"{int(IDLE_IN_TRANSACTION_TIMEOUT_S * 1000)}ms",))
 
 
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pgdispatch",
@@ -46,7 +75,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pg
         url, min_size=min_size, max_size=max_size, name=name, open=True,
         timeout=timeout_seconds, check=ConnectionPool.check_connection,
         kwargs=dict(autocommit=True, row_factory=dict_row, application_name=name),
-        reconnect_timeout=300)
+        configure=bound_idle_transactions, reconnect_timeout=300)
 
 
 def backoff_sleep(try_no: int, *, base_seconds: float = 0.01, cap_seconds: float = 1.0) -> None:

@@ -47,6 +47,8 @@ def translate(exc: BaseException) -> BaseException:
     """Map a psycopg error to our exception; return ``exc`` unchanged when it is not ours."""
     import psycopg
 
+    if isinstance(exc, UnicodeEncodeError):
+        return InvalidInput("text must be valid UTF-8")
     if not isinstance(exc, psycopg.Error):
         return exc
     state = getattr(exc, "sqlstate", None)
@@ -71,6 +73,9 @@ def translate(exc: BaseException) -> BaseException:
         return InvalidInput(message)
     if state == "23505":
         return Conflict(message)
+    if state in ("40P01", "40001"):
+        # still failing after in_transaction's retries: the database is too contended now
+        return DatabaseUnavailable(f"database busy ({message}); try again")
     if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
         return DatabaseUnavailable(message)
     return exc

@@ -235,11 +235,13 @@ def submit(conn, *, project: str, pool: str, command: Sequence[str], target: str
     check_text("pool", pool, max_len=63)
     if target is not None:
         check_text("target", target, max_len=63)
-    priority = check_int("priority", priority, -1000, 1000)
-    max_attempts = check_int("max attempts", max_attempts, 1, 100)
-    timeout_seconds = check_int("timeout", timeout_seconds, 1, 604800)
+    priority = check_int("priority", priority, -1000, 1000, strict=True)
+    max_attempts = check_int("max attempts", max_attempts, 1, 100, strict=True)
+    timeout_seconds = check_int("timeout", timeout_seconds, 1, 604800, strict=True)
     delay_seconds = check_number("delay", delay_seconds, 0, 2592000)
-    deps = [check_int("dependency id", d, 1, 2**63 - 1) for d in depends_on]
+    if isinstance(depends_on, (str, bytes)) or not isinstance(depends_on, Sequence):
+        raise InvalidInput("depends_on must be a list of job ids")
+    deps = [check_int("dependency id", d, 1, 2**63 - 1, strict=True) for d in depends_on]
     if idempotency_key is not None:
         check_text("idempotency key", idempotency_key, max_len=200)
     check_text("submitted by", submitted_by, max_len=200)

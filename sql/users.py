@@ -74,6 +74,8 @@ def upsert_user(conn, *, username: str, password: str, role: str) -> None:
 @transition("create_api_token")
 def create_api_token(conn, *, username: str, name: str = "api") -> str:
     """Create a bearer token for ``username``; returns the token (shown once, stored hashed)."""
+    check_text("username", username, max_len=63)
+    check_text("token name", name, max_len=200)
     token = "pgd_" + secrets.token_urlsafe(32)
     if Q.create_api_token(conn, username=username, name=name, token_hash=token_digest(token)) is None:
         raise NotFound(f"unknown user {username}")

@@ -22,12 +22,22 @@ def check_text(kind: str, value: Any, *, max_len: int) -> str:
         raise InvalidInput(f"{kind} must not contain NUL bytes")
     if len(value) > max_len:
         raise InvalidInput(f"{kind} is longer than {max_len} characters")
+    _check_encodable(kind, value)
     return value
 
 
-def check_int(kind: str, value: Any, low: int, high: int) -> int:
-    """An integer (or integral text) in [low, high]; else InvalidInput."""
-    if isinstance(value, bool):
+def _check_encodable(kind: str, value: str) -> None:
+    # lone surrogates ("\ud800" in JSON, undecodable bytes on a command line) are not UTF-8
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(f"{kind} must be valid UTF-8 text") from None
+
+
+def check_int(kind: str, value: Any, low: int, high: int, *, strict: bool = False) -> int:
+    """An integer in [low, high]; else InvalidInput. Unless ``strict``, integral text and
+    whole floats are accepted too (form fields); strict is for typed input (JSON, TOML)."""
+    if isinstance(value, bool) or (strict and not isinstance(value, int)):
         raise InvalidInput(f"{kind} must be a whole number, got {value!r}")
     if isinstance(value, str):
         try:
@@ -75,6 +85,7 @@ def check_command(command: Any) -> list[str]:
             raise InvalidInput("command arguments must not contain NUL bytes")
         if len(arg) > MAX_ARG_CHARS:
             raise InvalidInput(f"a command argument is longer than {MAX_ARG_CHARS} characters")
+        _check_encodable("command argument", arg)
     if args[0].strip() == "":
         raise InvalidInput("command must start with a program name")
     if sum(len(a) for a in args) > MAX_COMMAND_CHARS:

@@ -184,3 +184,78 @@ def test_cancel_running_job_is_seen_by_heartbeat(world):
     r = world.complete(c, "cancelled", exit_code=-15)
     assert r["job_state"] == "cancelled"
     assert world.counters()["org"] == 0
+
+
+def test_late_build_report_after_expiry_counts_when_nobody_claimed_since(world):
+    world.setup()
+    runner = world.runner()
+    job = world.job(max_attempts=3)
+    c = world.claim(runner)
+    world.expire_now(c.attempt_id)
+    transitions.expire_leases(world.conn)
+    assert world.row("jobs", job["id"])["state"] == "queued"
+    r = world.complete(c, "succeeded", exit_code=0)
+    assert r["is_late_report"] is True and r["job_state"] == "succeeded"
+    assert world.row("attempts", c.attempt_id)["state"] == "succeeded"
+    assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
+
+
+def test_late_build_report_is_fenced_once_the_job_was_claimed_again(world):
+    world.setup()
+    runner = world.runner()
+    world.job(max_attempts=3, )
+    c = world.claim(runner)
+    world.expire_now(c.attempt_id)
+    transitions.expire_leases(world.conn)
+    world.conn.execute("UPDATE jobs SET ready_at = now() WHERE id = %s", (c.job_id,))
+    c2 = world.claim(runner)
+    assert c2.job_id == c.job_id and c2.generation == 2
+    with pytest.raises(FencedOut):
+        world.complete(c, "succeeded", exit_code=0)
+    assert world.row("jobs", c.job_id)["state"] == "running"
+
+
+def test_late_failed_report_of_a_lost_deployment_counts_one_failure(world):
+    world.setup(pools=("deploy",), targets=("production",))
+    runner = world.runner(pools=("deploy",))
+    job = world.job(pool="deploy", target="production", max_attempts=2)
+    c = world.claim(runner, pools=("deploy",))
+    world.expire_now(c.attempt_id)
+    transitions.expire_leases(world.conn)
+    r = world.complete(c, "failed", exit_code=1)
+    row = world.row("jobs", job["id"])
+    assert r["is_late_report"] and (row["state"], row["failures"]) == ("queued", 1)
+
+
+def test_cancel_cascade_reaches_a_dependent_submitted_while_it_waited(world, db_url):
+    """A is queued, B depends on A; C (depending on B) is being submitted while A is
+    cancelled. The cascade waits for C's submit (it holds B FOR SHARE) and must then see
+    C's edge: C ends cancelled, not blocked forever."""
+    import threading
+
+    from sql import db
+
+    world.setup()
+    a = world.job()
+    b = world.job(depends_on=[a["id"]])
+    submitter = db.connect(db_url)
+    canceller = db.connect(db_url)
+    try:
+        tx = submitter.transaction()
+        tx.__enter__()
+        c = transitions.submit(submitter, project="web", pool="linux", command=["true"],
+                               depends_on=[b["id"]])
+        done = threading.Event()
+        t = threading.Thread(target=lambda: (transitions.cancel_job(
+            canceller, job_id=a["id"], actor="bob"), done.set()))
+        t.start()
+        # the cancel is now waiting for B's row lock held by the open submit
+        assert not done.wait(1.0)
+        tx.__exit__(None, None, None)
+        t.join(10)
+        assert done.is_set()
+    finally:
+        submitter.close()
+        canceller.close()
+    states = {j: world.row("jobs", j)["state"] for j in (a["id"], b["id"], c["id"])}
+    assert states == {a["id"]: "cancelled", b["id"]: "cancelled", c["id"]: "cancelled"}

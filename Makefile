@@ -21,10 +21,17 @@ test: $(STAMP)
 
 # The longer local profile of the randomized fault run (see README, "Tests").
 test-long: $(STAMP)
-	PGDISPATCH_FAULT_SECONDS=120 $(BIN)/pytest -q tests/concurrency
+	PGDISPATCH_FAULT_SECONDS=120 $(BIN)/pytest -q tests/concurrency tests/faults/test_random_faults.py
 
+# Benchmarks (docs/benchmarks.md): installs the peers and the chart library of
+# bench/requirements.txt, then runs every series alternated on one server, latency and the
+# report (`python -m bench all`), then the fairness benchmark. BENCH_QUICK=1: a smoke run
+# (small sizes, fairness skipped).
 bench: $(STAMP)
-	$(BIN)/python -m bench
+	$(BIN)/pip install --quiet -r bench/requirements.txt
+	$(BIN)/python -m bench all
+	@case "$$BENCH_QUICK" in 1|true|yes|on) echo "BENCH_QUICK: fairness skipped";; \
+	  *) $(BIN)/python -m bench fairness;; esac
 
 clean:
 	rm -rf $(VENV) .pgdispatch

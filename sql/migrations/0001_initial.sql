@@ -134,6 +134,10 @@ CREATE TABLE jobs (
 -- Partial, so finished history never enters the hot index.
 CREATE INDEX jobs_claim_idx ON jobs (project_id, pool_id, priority DESC, id) WHERE state = 'queued';
 CREATE INDEX jobs_blocked_idx ON jobs (project_id, pool_id) WHERE state = 'blocked';
+-- Every job that is not running and not finished, by id: the queue page (keyset by id) and
+-- the queue summary read only these, however much finished history the table holds.
+CREATE INDEX jobs_waiting_idx ON jobs (id) INCLUDE (project_id, pool_id)
+    WHERE state IN ('blocked', 'queued', 'uncertain');
 CREATE INDEX jobs_active_idx ON jobs (project_id) WHERE state IN ('running', 'uncertain');
 CREATE INDEX jobs_created_idx ON jobs (created_at);
 -- Never two deployments on one target, enforced by the database itself.

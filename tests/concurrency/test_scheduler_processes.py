@@ -1,0 +1,229 @@
+"""Claim uniqueness under load with real scheduler processes (issue 3).
+
+Six ``python -m pgdispatch scheduler --pool linux --slots 3`` processes (18 runner slots)
+drain 1,500 short jobs through limits that bind: organizations of 5, a project bound of 3
+and a pool of 8 slots; one job in ten fails its first attempt and is retried. Afterwards,
+from the database alone:
+
+* every job ended exactly once (one successful attempt; the retried ones after exactly one
+  failure), its attempts carry distinct generations, and no two attempts of one job
+  overlapped in time (tests/faults/consistency.history_violations);
+* the most attempts holding each organization, project and pool at once, swept from the
+  attempts' ``[claimed_at, finished_at)`` intervals (tests/concurrency/harness.max_overlaps),
+  equals its limit — reached, never exceeded — and a watcher sampling the counters while
+  the schedulers ran saw none over its limit or disagreeing with the running attempts;
+* every counter is back to 0.
+
+The history checker is shown catching a claim that computes the next generation from a
+stale read (and the sweep, in test_claim_races.py, catching over-admission).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sql import db, transitions
+
+from ..faults import consistency
+from .harness import Watcher, limits, max_overlaps, run_together
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEDULERS = 6
+SLOTS = 3
+JOBS = int(os.environ.get("PGDISPATCH_PROCESS_LOAD_JOBS", "1500"))
+RETRIED_EVERY = 10  # one job in ten fails its first attempt
+DEADLINE_S = 240.0
+# The tail of the run has only globex's jobs left, so its limit is reached too.
+SHARES = {"web": 0.3, "api": 0.3, "ops": 0.4}
+FAIL_FIRST = ["sh", "-c", '[ "$PGDISPATCH_ATTEMPT" -gt 1 ]']
+
+
+def build_world(world) -> None:
+    """acme (5: web bounded at 3, api unbounded) and globex (5: ops) on pool linux (8)."""
+    world.apply({
+        "organizations": [{"name": "acme", "max_running": 5},
+                          {"name": "globex", "max_running": 5}],
+        "pools": [{"name": "linux", "slots": 8}],
+        "projects": [
+            {"name": "web", "organization": "acme", "pools": ["linux"], "max_running": 3},
+            {"name": "api", "organization": "acme", "pools": ["linux"]},
+            {"name": "ops", "organization": "globex", "pools": ["linux"]},
+        ],
+    })
+
+
+def submit_jobs(conn, n: int) -> int:
+    """``n`` jobs, spread over the projects by SHARES; returns how many fail first."""
+    failing = 0
+    with conn.transaction():
+        i = 0
+        for project, share in SHARES.items():
+            for _ in range(round(n * share)):
+                fail_first = i % RETRIED_EVERY == 0
+                failing += fail_first
+                transitions.submit(conn, project=project, pool="linux",
+                                   command=FAIL_FIRST if fail_first else ["true"],
+                                   max_attempts=2 if fail_first else 1)
+                i += 1
+    return failing
+
+
+def start_schedulers(db_url: str, tmp_path: Path) -> list[tuple[subprocess.Popen, Path]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
+    env.update(DATABASE_URL=db_url, PGDISPATCH_LEASE_SECONDS="10",
+               PGDISPATCH_HEARTBEAT_SECONDS="2", PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2",
+               PGDISPATCH_EXPIRE_INTERVAL_SECONDS="0.5", PGDISPATCH_SUMMARY_INTERVAL_SECONDS="2",
+               PGDISPATCH_BACKOFF_BASE_SECONDS="0.1", PGDISPATCH_BACKOFF_CAP_SECONDS="0.2",
+               PGDISPATCH_DATA_DIR=str(tmp_path / "data"))
+    procs = []
+    for i in range(SCHEDULERS):
+        log_path = tmp_path / f"scheduler-{i}.log"
+        with open(log_path, "wb") as log:
+            procs.append((subprocess.Popen(
+                [sys.executable, "-m", "pgdispatch", "scheduler", "--pool", "linux",
+                 "--slots", str(SLOTS), "--name", f"s{i}"],
+                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL), log_path))
+    return procs
+
+
+def logs(procs) -> str:
+    return "\n".join(f"--- {path.name} (exit {p.poll()}) ---\n"
+                     f"{path.read_text(errors='replace')[-3000:]}" for p, path in procs)
+
+
+def test_six_scheduler_processes_run_every_job_exactly_once_within_limits(world, db_url,
+                                                                          tmp_path):
+    build_world(world)
+    failing = submit_jobs(world.conn, JOBS)
+    procs = start_schedulers(db_url, tmp_path)
+    started = time.monotonic()
+    try:
+        with Watcher(db_url, interval_s=0.05) as watcher:
+            deadline = started + DEADLINE_S
+            while world.conn.execute("SELECT count(*) AS n FROM jobs WHERE finished_at IS NULL"
+                                     ).fetchone()["n"]:
+                dead = [path.name for p, path in procs if p.poll() is not None]
+                assert not dead, f"schedulers exited: {dead}\n{logs(procs)}"
+                assert time.monotonic() < deadline, f"jobs left after {DEADLINE_S} s\n{logs(procs)}"
+                time.sleep(0.2)
+        elapsed = time.monotonic() - started
+    finally:
+        for p, _ in procs:
+            p.terminate()
+        for p, _ in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+    assert [p.returncode for p, _ in procs] == [0] * SCHEDULERS, logs(procs)
+
+    c = world.conn
+    span = c.execute("SELECT extract(epoch FROM max(finished_at) - min(claimed_at))::float8 AS s, "
+                     "count(*) AS attempts, count(DISTINCT runner_id) AS runners "
+                     "FROM attempts").fetchone()
+    per_runner = [r["n"] for r in c.execute("SELECT count(*) AS n FROM attempts "
+                                            "GROUP BY runner_id ORDER BY 1")]
+    print(f"\n{JOBS} jobs ({failing} retried once, {span['attempts']} attempts) by "
+          f"{SCHEDULERS} scheduler processes: {JOBS / span['s']:.0f} jobs/s over "
+          f"{span['s']:.1f} s of database time ({elapsed:.1f} s wall, with start-up); "
+          f"attempts per runner {per_runner}; {watcher.samples} watcher samples")
+
+    # every job ended exactly once, as planned
+    assert c.execute("SELECT state, count(*) AS n FROM jobs GROUP BY 1").fetchall() == [
+        {"state": "succeeded", "n": JOBS}]
+    shapes = c.execute("""
+        SELECT states, count(*) AS n FROM (
+            SELECT string_agg(state || ':' || generation, ',' ORDER BY attempt_no) AS states
+              FROM attempts GROUP BY job_id) s
+         GROUP BY 1 ORDER BY 1""").fetchall()
+    assert shapes == [{"states": "failed:1,succeeded:2", "n": failing},
+                      {"states": "succeeded:1", "n": JOBS - failing}]
+    receipts = c.execute("SELECT count(*) AS n FROM delivery_receipts").fetchone()["n"]
+    assert receipts == span["attempts"]
+    assert consistency.history_violations(c) == []
+    # every limit reached, none exceeded, while it ran and in the attempts' intervals
+    assert watcher.samples >= 20 and watcher.violations == []
+    lims = {k: v for k, v in limits(c).items() if k[0] != "target"}
+    overlaps = max_overlaps(c)
+    assert {k: overlaps.get(k) for k in lims} == lims, overlaps
+    assert consistency.violations(c) == []
+    assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
+    assert span["runners"] == SCHEDULERS, f"some scheduler never claimed: {per_runner}"
+
+
+# --- the history checker catches a claim that computes the generation from a stale read ---
+
+STALE_GENERATION_CLAIM_SQL = """
+CREATE FUNCTION pgd_claim_stale_generation(p_job_id bigint, p_runner_id bigint,
+                                           p_sleep_seconds double precision)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_job     jobs%ROWTYPE;
+    v_attempt bigint;
+BEGIN
+    -- BROKEN: the job is read without a lock and the next generation computed from that read
+    SELECT * INTO v_job FROM jobs WHERE id = p_job_id AND state = 'queued';
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    PERFORM pg_sleep(p_sleep_seconds);
+    UPDATE organizations o SET running = o.running + 1
+      FROM projects p WHERE p.id = v_job.project_id AND o.id = p.organization_id;
+    UPDATE projects SET running = running + 1 WHERE id = v_job.project_id;
+    UPDATE pools SET running = running + 1 WHERE id = v_job.pool_id;
+    UPDATE jobs SET state = 'running', generation = v_job.generation + 1,
+                    attempts_made = v_job.attempts_made + 1
+     WHERE id = p_job_id;
+    INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
+                          claimed_at, lease_expires_at)
+    VALUES (p_job_id, v_job.attempts_made + 1, v_job.generation + 1, p_runner_id,
+            gen_random_uuid(), 'running', clock_timestamp(), clock_timestamp() + interval '30 s')
+    RETURNING id INTO v_attempt;
+    RETURN v_attempt;
+END;
+$$;
+"""
+
+
+def test_history_checker_catches_a_claim_with_a_stale_generation(world, db_url):
+    """Two of these claims racing for one job both run it with generation 1. The database's
+    own backstops (UNIQUE (job_id, attempt_no), UNIQUE (job_id, generation), one running
+    attempt per job) would refuse the second; with them dropped, the history checker alone
+    reports the shared generation and attempt number and the overlap — and, once the first
+    completion ends the job, an ended job with an attempt still running."""
+    world.setup()
+    runner = world.runner()
+    job = world.job()
+    c = world.conn
+    assert consistency.history_violations(c) == []
+    c.execute(STALE_GENERATION_CLAIM_SQL)
+    for name in c.execute("SELECT conname FROM pg_constraint WHERE conrelid = 'attempts'::regclass "
+                          "AND contype = 'u'").fetchall():
+        c.execute(f"ALTER TABLE attempts DROP CONSTRAINT {name['conname']}")
+    c.execute("DROP INDEX attempts_one_running_per_job")
+
+    def claim(conn):
+        return db.in_transaction(conn, lambda cc: cc.execute(
+            "SELECT pgd_claim_stale_generation(%s, %s, 0.3) AS id", (job["id"], runner)
+        ).fetchone()["id"], tx_name="claim_stale_generation")
+
+    outcomes = run_together(db_url, [claim, claim])
+    assert [o.error for o in outcomes] == [None, None]
+    first, second = sorted(o.value for o in outcomes)
+    found = consistency.history_violations(c)
+    assert sorted(found) == sorted([
+        f"job {job['id']}: 2 attempts share 1 generations",
+        f"job {job['id']}: 2 attempts share 1 attempt numbers",
+        f"job {job['id']}: attempt {first} (running) and attempt {second} overlap in time",
+    ]), found
+    token = c.execute("SELECT claim_token FROM attempts WHERE id = %s", (first,)).fetchone()
+    transitions.complete(c, attempt_id=first, generation=1, outcome="succeeded", exit_code=0,
+                         receipt_key=f"{token['claim_token']}:complete")
+    found = consistency.history_violations(c)
+    assert f"job {job['id']} ended succeeded with 1 succeeded and 1 running attempts" in found

@@ -1,0 +1,420 @@
+"""Deadlocks (issue 3): a real one is retried; the production transitions make none.
+
+1. An operator-like action written only for this test locks the job and then its
+   organization — the reverse of the documented order — while a completion (organization →
+   project → pool → job) runs on the same job. The two wait for each other; PostgreSQL
+   detects the cycle and aborts one transaction with SQLSTATE 40P01. The action runs in
+   ``sql.db.in_transaction``, so the retry path runs for real: the action's first try is the
+   victim (its ``deadlock_timeout`` is the shorter one), it is retried and completes, and the
+   retry is counted in ``pgdispatch_transaction_retries_total`` and logged as a WARNING by
+   ``sql.db``. The server's own count (``pg_stat_database.deadlocks``) goes up by one: that
+   is the instrument of part 2, shown here to catch a lock-order violation.
+
+2. Several connections run the production transitions at random for ~10 s — claim,
+   complete, expire, heartbeat, pause/resume, cancel, approve, retry, resolve, submit with
+   dependencies — and the server counts zero deadlocks in the test's database, the process
+   zero retries, and the stored state stays whole (tests/faults/consistency.py) throughout.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import random
+import threading
+import time
+from typing import Any
+
+from prometheus_client import REGISTRY
+
+from sql import Conflict, FencedOut, InvalidInput, db, transitions
+
+from . import consistency, pause_point
+
+WAIT_S = 30.0
+RETRIES = "pgdispatch_transaction_retries_total"
+LOAD_SECONDS = float(os.environ.get("PGDISPATCH_DEADLOCK_LOAD_SECONDS", "10"))
+
+
+def retries(name: str, sqlstate: str = "40P01") -> float:
+    """The retry counter for one transaction name (0 before the first retry)."""
+    return REGISTRY.get_sample_value(RETRIES, {"name": name, "sqlstate": sqlstate}) or 0.0
+
+
+def all_retries() -> float:
+    """Every retry this process has counted, whatever the transaction."""
+    return sum(s.value for m in REGISTRY.collect() for s in m.samples if s.name == RETRIES)
+
+
+def deadlocks(conn) -> int:
+    """The server's deadlock count for the current database (pg_stat_database)."""
+    conn.execute("SELECT pg_stat_clear_snapshot()")
+    return conn.execute("SELECT deadlocks FROM pg_stat_database "
+                        "WHERE datname = current_database()").fetchone()["deadlocks"]
+
+
+def wait_for(fn, what: str, timeout_s: float = WAIT_S):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = fn()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}; last {value!r}"
+        time.sleep(0.02)
+
+
+def waits_on_lock(conn, pid: int) -> bool:
+    row = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                       (pid,)).fetchone()
+    return row is not None and row["wait_event_type"] == "Lock"
+
+
+# --- 1. a real deadlock, retried -------------------------------------------------------
+
+def reprioritize(conn, *, job_id: int, org_id: int, before_org_lock) -> int:
+    """An operator-like action written only for this test: bump a job's priority and audit
+    it, locking the job and THEN its organization — the reverse of the documented order.
+    ``before_org_lock()`` runs between the two locks. Returns the new priority."""
+    # the shorter deadlock_timeout makes this transaction the one that detects the cycle,
+    # and so the one PostgreSQL aborts (superuser setting; the tests run as one)
+    conn.execute("SET LOCAL deadlock_timeout = '50ms'")
+    conn.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (job_id,))
+    before_org_lock()
+    conn.execute("SELECT 1 FROM organizations WHERE id = %s FOR UPDATE", (org_id,))
+    row = conn.execute("UPDATE jobs SET priority = priority + 1 WHERE id = %s RETURNING priority",
+                       (job_id,)).fetchone()
+    transitions.record_event(conn, actor="alice", action="reprioritize", subject=f"job:{job_id}",
+                             reason="deadlock test")
+    return row["priority"]
+
+
+def test_a_real_deadlock_is_retried_counted_and_logged(world, db_url, caplog):
+    world.setup(org_limit=5)
+    runner = world.runner()
+    job = world.job()
+    claim = world.claim(runner)
+    org_id = world.conn.execute("SELECT id FROM organizations").fetchone()["id"]
+    deadlocks_before = deadlocks(world.conn)
+    action_retries, complete_retries = retries("test_reprioritize"), retries("complete")
+
+    completer = db.connect(db_url, application_name="pgd-test-completer")
+    operator = db.connect(db_url, application_name="pgd-test-operator")
+    completer.execute("SET deadlock_timeout = '10s'")  # never the detector
+    completer_pid = completer.info.backend_pid
+    results: dict[str, Any] = {}
+    tries = []
+
+    def before_org_lock():
+        tries.append(time.monotonic())
+        if len(tries) == 1:
+            # first try: hold the job until the completion holds the organization and waits
+            # for the job; the next statement then closes the cycle
+            results["completer"] = threading.Thread(target=complete, name="racer-completer")
+            results["completer"].start()
+            wait_for(lambda: waits_on_lock(world.conn, completer_pid),
+                     "the completion to wait for the job")
+
+    def complete():
+        try:
+            results["completion"] = transitions.complete(
+                completer, attempt_id=claim.attempt_id, generation=claim.generation,
+                outcome="succeeded", exit_code=0, receipt_key=claim.receipt_key)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            results["completion"] = exc
+
+    with caplog.at_level(logging.WARNING, logger="sql.db"):
+        priority = db.in_transaction(operator, reprioritize, job_id=job["id"], org_id=org_id,
+                                     before_org_lock=before_org_lock,
+                                     tx_name="test_reprioritize")
+        results["completer"].join(WAIT_S)
+    assert not results["completer"].is_alive()
+    completer.close()
+    operator.close()  # a closing session flushes its statistics
+
+    # the action was aborted once by the deadlock, retried, and its second try completed
+    assert len(tries) == 2
+    assert priority == 1 and world.row("jobs", job["id"])["priority"] == 1
+    assert world.conn.execute("SELECT count(*) AS n FROM audit_events "
+                              "WHERE action = 'reprioritize'").fetchone()["n"] == 1
+    # the completion it raced was not the victim and went through once
+    completion = results["completion"]
+    assert isinstance(completion, dict), completion
+    assert completion["job_state"] == "succeeded" and completion["repeated"] is False
+    assert world.row("jobs", job["id"])["state"] == "succeeded"
+    assert consistency.violations(world.conn) == []
+    # counted, logged, and seen by the server
+    assert retries("test_reprioritize") == action_retries + 1
+    assert retries("complete") == complete_retries
+    warnings = [r for r in caplog.records if r.name == "sql.db" and r.levelno == logging.WARNING]
+    assert [r.getMessage() for r in warnings] == [
+        f"test_reprioritize: DeadlockDetected (SQLSTATE 40P01), retry 1 of {db.MAX_TRIES - 1}"]
+    wait_for(lambda: deadlocks(world.conn) == deadlocks_before + 1,
+             "pg_stat_database to count the deadlock")
+
+
+# --- a deadlock the random load found, pinned down ------------------------------------
+
+def test_submit_depending_on_a_job_racing_its_completion_does_not_deadlock(world, db_url):
+    """pgd_submit locks its dependency FOR SHARE and then inserts the job, whose foreign keys
+    take FOR KEY SHARE on the project and pool rows; pgd_complete locks organization, project,
+    pool, then the job. With the completion's locks taken FOR UPDATE the two waited for each
+    other (40P01, found by the random load below); FOR NO KEY UPDATE does not block a
+    foreign-key check, so there is no cycle. The submit is paused (tests/faults/pause_point)
+    after its dependency lock, while the completion queues behind it."""
+    world.setup()
+    runner = world.runner()
+    world.job()
+    claim = world.claim(runner)
+    pause_point.install(world.conn, "jobs", "INSERT")
+    deadlocks_before, retries_before = deadlocks(world.conn), all_retries()
+    submitter = db.connect(db_url, application_name="pgd-test-submitter")
+    completer = db.connect(db_url, application_name="pgd-test-completer")
+    results: dict[str, Any] = {}
+
+    def run(name, fn):
+        def body():
+            try:
+                results[name] = fn()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                results[name] = exc
+        t = threading.Thread(target=body, name=f"racer-{name}")
+        t.start()
+        return t
+
+    pause_point.shut(world.conn)
+    try:
+        submit = run("submit", lambda: transitions.submit(
+            submitter, project="web", pool="linux", command=["true"], depends_on=[claim.job_id]))
+        pause_point.wait_paused(world.conn, submitter.info.backend_pid)
+        complete = run("complete", lambda: transitions.complete(
+            completer, attempt_id=claim.attempt_id, generation=claim.generation,
+            outcome="succeeded", exit_code=0, receipt_key=claim.receipt_key))
+        pause_point.wait_for_lock(world.conn, completer.info.backend_pid,
+                                  what="queue behind the submit's lock on the job")
+    finally:
+        pause_point.open_(world.conn)
+    for t in (submit, complete):
+        t.join(WAIT_S)
+        assert not t.is_alive()
+    submitter.close()
+    completer.close()
+    assert isinstance(results["submit"], dict), results["submit"]
+    assert isinstance(results["complete"], dict), results["complete"]
+    assert results["complete"]["job_state"] == "succeeded"
+    # the completion came second, so it released the new job's dependency
+    assert world.row("jobs", results["submit"]["id"])["state"] == "queued"
+    assert consistency.violations(world.conn) == []
+    assert all_retries() == retries_before
+    wait_for(lambda: world.conn.execute(
+        "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name LIKE 'pgd-test-%%'"
+        " AND pid <> pg_backend_pid()").fetchone()["n"] == 0, "the racers' sessions to end")
+    assert deadlocks(world.conn) == deadlocks_before
+
+
+# --- 2. the production transitions under random load: no deadlock ----------------------
+
+PROJECT_POOLS = {"web": ("linux", "arm"), "api": ("linux",), "ops": ("linux", "arm")}
+TARGETS = ("production", "staging")
+
+
+def build_world(world) -> dict[str, Any]:
+    """Two organizations, two pools, three projects, two targets, four runners."""
+    world.apply({
+        "organizations": [{"name": "acme", "max_running": 4}, {"name": "globex", "max_running": 3}],
+        "pools": [{"name": "linux", "slots": 5}, {"name": "arm", "slots": 3}],
+        "projects": [
+            {"name": "web", "organization": "acme", "pools": ["linux", "arm"], "max_running": 2},
+            {"name": "api", "organization": "acme", "pools": ["linux"]},
+            {"name": "ops", "organization": "globex", "pools": ["linux", "arm"]},
+        ],
+        "targets": [{"name": t} for t in TARGETS],
+    })
+    runners = [world.runner(pools=("linux", "arm"), slots=8) for _ in range(4)]
+    pools = {"linux": world.pool_ids(("linux",)), "arm": world.pool_ids(("arm",)),
+             "both": world.pool_ids(("linux", "arm"))}
+    return {"runners": runners, "pools": pools}
+
+
+class Load:
+    """One worker's random walk over the production transitions, on its own connection."""
+
+    EXPECTED = (FencedOut, Conflict)  # lost a race with another worker: fine, and told so
+
+    def __init__(self, conn, setup: dict[str, Any], rng: random.Random):
+        self.conn = conn
+        self.setup = setup
+        self.rng = rng
+        self.done: collections.Counter[str] = collections.Counter()
+        self.refused: collections.Counter[str] = collections.Counter()
+
+    def pick(self, sql: str, *args) -> dict[str, Any] | None:
+        return self.conn.execute(sql + " ORDER BY random() LIMIT 1", args).fetchone()
+
+    def step(self) -> None:
+        ops = [(self.submit, 4), (self.claim, 6), (self.complete, 5), (self.heartbeat, 3),
+               (self.expire, 2), (self.pause_or_resume, 1), (self.cancel, 1), (self.approve, 1),
+               (self.retry, 1), (self.resolve, 1)]
+        op = self.rng.choices([o for o, _ in ops], weights=[w for _, w in ops])[0]
+        try:
+            if op() is not False:
+                self.done[op.__name__] += 1
+        except self.EXPECTED:
+            self.refused[op.__name__] += 1
+
+    def submit(self):
+        r = self.rng
+        parents = []
+        if r.random() < 0.3:
+            rows = self.conn.execute("SELECT id FROM jobs WHERE state IN ('blocked', 'queued', "
+                                     "'running', 'succeeded') ORDER BY id DESC LIMIT 20"
+                                     ).fetchall()
+            parents = r.sample([x["id"] for x in rows], min(len(rows), r.randint(1, 3)))
+        project = r.choice(sorted(PROJECT_POOLS))
+        try:
+            transitions.submit(self.conn, project=project, pool=r.choice(PROJECT_POOLS[project]),
+                               target=r.choice(TARGETS) if r.random() < 0.3 else None,
+                               command=["true"], priority=r.randint(-5, 5),
+                               max_attempts=r.randint(1, 3),
+                               requires_approval=r.random() < 0.15, depends_on=parents)
+        except InvalidInput:
+            if not parents:
+                raise
+            return False  # a parent failed or was cancelled since it was read
+
+    def claim(self):
+        pools = self.setup["pools"][self.rng.choice(("linux", "arm", "both"))]
+        return transitions.claim(self.conn, runner_id=self.rng.choice(self.setup["runners"]),
+                                 pools=pools,
+                                 claim_token=transitions.new_claim_token(),
+                                 lease_seconds=self.rng.choice((0.05, 0.3, 2.0, 10.0)))
+
+    def running_attempt(self):
+        return self.pick("SELECT a.id, a.generation, a.claim_token, j.target_id FROM attempts a "
+                         "JOIN jobs j ON j.id = a.job_id WHERE a.state = 'running'")
+
+    def complete(self):
+        a = self.running_attempt()
+        if a is None:
+            return False
+        outcomes = ["succeeded", "succeeded", "failed", "cancelled", "handed_back"]
+        if a["target_id"] is not None:
+            outcomes.append("lost")
+        outcome = self.rng.choice(outcomes)
+        transitions.complete(self.conn, attempt_id=a["id"], generation=a["generation"],
+                             outcome=outcome, exit_code={"succeeded": 0, "failed": 1}.get(outcome),
+                             receipt_key=f"{a['claim_token']}:complete",
+                             backoff_base_seconds=0.05, backoff_cap_seconds=0.2)
+
+    def heartbeat(self):
+        a = self.running_attempt()
+        if a is None:
+            return False
+        transitions.heartbeat(self.conn, attempt_id=a["id"], generation=a["generation"],
+                              lease_seconds=self.rng.choice((0.05, 1.0, 10.0)))
+
+    def expire(self):
+        transitions.expire_leases(self.conn, limit=5, backoff_base_seconds=0.05,
+                                  backoff_cap_seconds=0.2)
+
+    def pause_or_resume(self):
+        p = self.pick("SELECT name, paused_at FROM projects")
+        if p["paused_at"] is None:
+            transitions.pause_project(self.conn, project=p["name"], reason="load", actor="ops")
+        else:
+            transitions.resume_project(self.conn, project=p["name"], actor="ops")
+
+    def cancel(self):
+        j = self.pick("SELECT id FROM jobs WHERE state IN ('blocked', 'queued', 'running')")
+        if j is None:
+            return False
+        transitions.cancel_job(self.conn, job_id=j["id"], actor="ops", reason="load")
+
+    def approve(self):
+        j = self.pick("SELECT id FROM jobs WHERE state = 'blocked' AND requires_approval "
+                      "AND approved_at IS NULL")
+        if j is None:
+            return False
+        transitions.approve_job(self.conn, job_id=j["id"], actor="ops")
+
+    def retry(self):
+        j = self.pick("SELECT id FROM jobs WHERE state IN ('failed', 'cancelled') "
+                      "AND pending_dependencies = 0 "
+                      "AND (NOT requires_approval OR approved_at IS NOT NULL)")
+        if j is None:
+            return False
+        transitions.retry_job(self.conn, job_id=j["id"], actor="ops")
+
+    def resolve(self):
+        t = self.pick("SELECT name FROM targets WHERE state = 'uncertain'")
+        if t is None:
+            return False
+        transitions.resolve_target(self.conn, target=t["name"], actor="ops", note="load",
+                                   outcome=self.rng.choice(("succeeded", "failed", "retry")))
+
+
+def test_production_transitions_never_deadlock_under_random_load(world, db_url):
+    setup = build_world(world)
+    seeder = Load(world.conn, setup, random.Random(1))
+    for _ in range(60):
+        seeder.submit()
+    workers = 6
+    deadlocks_before = deadlocks(world.conn)
+    retries_before = all_retries()
+    stop = threading.Event()
+    loads: list[Load | None] = [None] * workers
+    errors: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            with db.connect(db_url, application_name=f"racer-load-{i}") as conn:
+                load = loads[i] = Load(conn, setup, random.Random(1000 + i))
+                while not stop.is_set():
+                    load.step()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=work, args=(i,), name=f"racer-load-{i}")
+               for i in range(workers)]
+    broken_samples: list[list[str]] = []
+    samples = 0
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    try:
+        while time.monotonic() - started < LOAD_SECONDS and not stop.is_set():
+            found = consistency.violations(world.conn)  # one snapshot, mid-load
+            samples += 1
+            if found:
+                broken_samples.append(found)
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(WAIT_S)
+    elapsed = time.monotonic() - started
+    assert not [t.name for t in threads if t.is_alive()]
+    if errors:
+        raise errors[0]
+
+    done = sum((ld.done for ld in loads if ld), collections.Counter())
+    refused = sum((ld.refused for ld in loads if ld), collections.Counter())
+    total = sum(done.values()) + sum(refused.values())
+    print(f"\n{total} transitions in {elapsed:.1f} s ({total / elapsed:.0f}/s) on {workers} "
+          f"connections; done {dict(done)}; refused (lost a race) {dict(refused)}; "
+          f"{samples} consistency samples")
+    # every kind of transition really ran, and the load was not trivial
+    for name in ("submit", "claim", "complete", "heartbeat", "expire", "pause_or_resume",
+                 "cancel", "approve", "retry", "resolve"):
+        assert done[name] > 0, f"{name} never ran: {dict(done)}"
+    assert total > 500
+    assert broken_samples == []
+    assert consistency.violations(world.conn) == []
+    assert consistency.history_violations(world.conn) == []
+    assert all_retries() == retries_before, "a transition was retried after 40P01/40001"
+    # a session flushes its statistics when it ends: wait until every worker's has
+    wait_for(lambda: world.conn.execute("SELECT count(*) AS n FROM pg_stat_activity "
+                                        "WHERE application_name LIKE 'racer-load-%%'"
+                                        ).fetchone()["n"] == 0, "the workers' sessions to end")
+    assert deadlocks(world.conn) == deadlocks_before

@@ -90,6 +90,11 @@ role = "operator"
 password_env = "PGDISPATCH_DEMO_PASSWORD"
 
 [[users]]
+username = "admin"
+role = "admin"
+password_env = "PGDISPATCH_DEMO_PASSWORD"
+
+[[users]]
 username = "viewer"
 role = "viewer"
 password_env = "PGDISPATCH_DEMO_PASSWORD"
@@ -295,7 +300,7 @@ def run(settings: Settings, *, bind: str, duration_seconds: float | None = None,
     try:
         demo.start()
         print(f"\npgdispatch demo is running.\n\n  console:  http://{demo.bind}/\n"
-              f"  login:    operator / {demo.password}   (read-only: viewer / same password)\n"
+              f"  login:    operator / {demo.password}   (same password: admin, and viewer read-only)\n"
               f"  database: {demo.url}\n  logs:     {Path(settings.data_dir).resolve()}/*.log\n\n"
               f"Press Ctrl-C to stop.\n", flush=True)
         demo.workload(duration_seconds)

@@ -9,6 +9,7 @@ import time
 from typing import Any, Callable, TypeVar
 
 import psycopg
+import psycopg.conninfo
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool
@@ -33,7 +34,8 @@ def connect(url: str, *, application_name: str = "pgdispatch", **kwargs: Any) ->
     """
     try:
         conn = psycopg.connect(url, autocommit=True, row_factory=dict_row,
-                               application_name=application_name, **kwargs)
+                               application_name=application_name,
+                               **{**tcp_liveness(url), **kwargs})
     except psycopg.ProgrammingError as exc:
         # libpq could not parse the URL / conninfo
         raise InvalidInput(f"not a valid database URL: {str(exc).splitlines()[0]}") from None
@@ -67,6 +69,23 @@ def bound_idle_transactions(conn: psycopg.Connection) -> None:
                  (f"{int(IDLE_IN_TRANSACTION_TIMEOUT_S * 1000)}ms",))
 
 
+# TCP settings (libpq parameters; ignored on Unix sockets) so that a connection whose peer
+# vanished — a partition, a dead middlebox — fails within about half a minute instead of
+# blocking a thread until the kernel gives up, hours later: keepalive probes while waiting
+# for an answer, and a bound on unacknowledged writes (PostgreSQL docs 32.1.2).
+TCP_LIVENESS = {"keepalives": "1", "keepalives_idle": "15", "keepalives_interval": "5",
+                "keepalives_count": "3", "tcp_user_timeout": "30000"}
+
+
+def tcp_liveness(url: str) -> dict[str, str]:
+    """TCP_LIVENESS without the parameters ``url`` sets itself (the URL wins)."""
+    try:
+        given = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError:
+        return {}
+    return {k: v for k, v in TCP_LIVENESS.items() if k not in given}
+
+
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pgdispatch",
               timeout_seconds: float = 10.0) -> ConnectionPool:
     """A connection pool whose connections are checked on checkout, so that after a
@@ -74,7 +93,8 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pg
     return ConnectionPool(
         url, min_size=min_size, max_size=max_size, name=name, open=True,
         timeout=timeout_seconds, check=ConnectionPool.check_connection,
-        kwargs=dict(autocommit=True, row_factory=dict_row, application_name=name),
+        kwargs=dict(autocommit=True, row_factory=dict_row, application_name=name,
+                    **tcp_liveness(url)),
         configure=bound_idle_transactions, reconnect_timeout=300)
 
 

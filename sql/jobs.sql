@@ -57,7 +57,7 @@ SELECT j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval,
  LIMIT :limit;
 
 -- name: list_recent_jobs
--- The most recently created jobs of any state, newest first. Read-only.
+-- The most recently created jobs of any state (or one), newest first, keyset-paginated by id.
 SELECT j.id, j.state, j.priority, j.created_at, j.started_at, j.finished_at, j.last_error,
        j.command, p.name AS project, q.name AS pool, t.name AS target
   FROM jobs j
@@ -65,11 +65,16 @@ SELECT j.id, j.state, j.priority, j.created_at, j.started_at, j.finished_at, j.l
   JOIN pools q ON q.id = j.pool_id
   LEFT JOIN targets t ON t.id = j.target_id
  WHERE (CAST(:state AS text) IS NULL OR j.state = :state)
+   AND j.id < :before_id
  ORDER BY j.id DESC
  LIMIT :limit;
 
 -- name: count_jobs_by_state
--- Counts of jobs in the active states (overview, metrics); finished history is not scanned:
--- each state is counted through its partial index.
+-- Jobs in each active state, and jobs finished in the last hour by state (overview, metrics);
+-- each count goes through a partial or range index, so history size does not matter.
 SELECT s.state, (SELECT count(*) FROM jobs j WHERE j.state = s.state) AS n
-  FROM unnest(ARRAY['blocked', 'queued', 'running', 'uncertain']) AS s(state);
+  FROM unnest(ARRAY['blocked', 'queued', 'running', 'uncertain']) AS s(state)
+UNION ALL
+SELECT s.state, (SELECT count(*) FROM jobs j
+                  WHERE j.finished_at > now() - interval '1 hour' AND j.state = s.state) AS n
+  FROM unnest(ARRAY['succeeded', 'failed', 'cancelled']) AS s(state);

@@ -106,6 +106,7 @@ def list_audit(conn, *, before_id: int = 2**63 - 1, limit: int = 100, actor: str
 
 
 @transition("list_recent_jobs")
-def list_recent_jobs(conn, *, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
-    """The newest jobs of any state (or of ``state``)."""
-    return list(Q.list_recent_jobs(conn, limit=limit, state=state))
+def list_recent_jobs(conn, *, limit: int = 50, state: str | None = None,
+                     before_id: int = 2**63 - 1) -> list[dict[str, Any]]:
+    """The newest jobs of any state (or of ``state``) with ids below ``before_id``."""
+    return list(Q.list_recent_jobs(conn, limit=limit, state=state, before_id=before_id))

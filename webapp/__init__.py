@@ -74,6 +74,9 @@ def create_app(settings: sql.Settings | None = None, *, database_url: str | None
         SESSION_COOKIE_SAMESITE="Lax",
         SESSION_COOKIE_SECURE=os.environ.get("PGDISPATCH_SECURE_COOKIES", "").lower() in TRUTHY,
         SESSION_COOKIE_NAME="pgdispatch_session",
+        # not used (no "remember me"), but never a weaker cookie than the session's
+        REMEMBER_COOKIE_HTTPONLY=True,
+        REMEMBER_COOKIE_SAMESITE="Lax",
         PERMANENT_SESSION_LIFETIME=dt.timedelta(hours=12),
         # an on-call console stays open for hours: the token lives as long as the session
         WTF_CSRF_TIME_LIMIT=None,
@@ -83,24 +86,29 @@ def create_app(settings: sql.Settings | None = None, *, database_url: str | None
         DB_POOL_MIN_SIZE=1,
         DB_POOL_MAX_SIZE=8,
         DB_POOL_TIMEOUT_SECONDS=5.0,
-        RUNNER_LIVE_SECONDS=90.0,
+        # a runner is live for one lease after its keep-alive (docs/design.md)
+        RUNNER_LIVE_SECONDS=settings.lease_seconds,
         POLL_SECONDS=2,
+        # the overview flags the queue summary as stale past this age (schedulers refresh it
+        # every PGDISPATCH_SUMMARY_INTERVAL_SECONDS, 5 s by default)
+        SUMMARY_STALE_SECONDS=60,
         PGDISPATCH_SETTINGS=settings,
     )
+    app.config["REMEMBER_COOKIE_SECURE"] = app.config["SESSION_COOKIE_SECURE"]
     app.config.update(config_overrides)
     if database_url is None:
         database_url = sql.embedded.database_url(settings)
     app.config["DATABASE_URL"] = database_url
 
-    from . import (api, audit, auth, db, errors, formatting, jobs, metrics, overview, projects,
-                   queue, runners, security, targets)
+    from . import (admin, api, audit, auth, db, errors, formatting, jobs, metrics, overview,
+                   projects, queue, runners, security, targets)
 
     db.init_app(app)
     formatting.init_app(app)
     security.init_app(app)
     auth.init_app(app)
     errors.init_app(app)
-    for module in (overview, queue, projects, targets, jobs, runners, audit, api, metrics):
+    for module in (overview, queue, projects, targets, jobs, runners, audit, admin, api, metrics):
         app.register_blueprint(module.bp)
     security.csrf.exempt(api.bp)
     return app

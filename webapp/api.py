@@ -2,7 +2,8 @@
 
 Authenticated by ``Authorization: Bearer <token>`` only (never the console's session cookie),
 which is why it is exempt from CSRF. Viewer tokens may only read. Every action goes through
-the same transition as the console and the CLI, audited with the token owner as the actor.
+the same transition as the console and the CLI, audited with the token owner as the actor;
+a new job's submission is audited too (``submit_job``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, g, jsonify, request, url_for
 
-from sql import InvalidInput, explain, reads, transitions, users
+from sql import InvalidInput, console, explain, reads, transitions, users
 
 from .auth import ROLE_RANK
 from .db import get_conn
@@ -64,6 +65,14 @@ def _body(allowed: set[str], required: tuple[str, ...] = ()) -> dict[str, Any]:
     return body
 
 
+def _whole(value: Any) -> Any:
+    """JSON has one number type: 7.0 is the integer 7 (as JSON Schema's "integer" says).
+    Anything else is passed on as it is, for the transition's own check to refuse."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _optional_text(body: dict[str, Any], name: str) -> str | None:
     value = body.get(name)
     if value is not None and not isinstance(value, str):
@@ -92,15 +101,19 @@ def submit_job():
     depends_on = body.get("depends_on") or []
     if not isinstance(depends_on, list):
         raise InvalidInput("depends_on must be a list of job ids")
-    if any(isinstance(d, bool) or not isinstance(d, int) for d in depends_on):
+    if any(isinstance(d, bool) or not isinstance(d, (int, float)) for d in depends_on):
         raise InvalidInput("depends_on must be a list of job ids")
-    kwargs = {name: body[name] for name in ("priority", "max_attempts", "timeout_seconds",
-                                            "delay_seconds") if body.get(name) is not None}
-    job = transitions.submit(
+    depends_on = [_whole(d) for d in depends_on]
+    kwargs = {name: _whole(body[name]) for name in ("priority", "max_attempts", "timeout_seconds")
+              if body.get(name) is not None}
+    if body.get("delay_seconds") is not None:
+        kwargs["delay_seconds"] = body["delay_seconds"]
+    # the submission and its audit event commit together (sql.console.submit_job)
+    job = console.submit_job(
         get_conn(), project=body["project"], pool=body["pool"], command=body["command"],
         target=_optional_text(body, "target"), requires_approval=body.get("requires_approval", False),
         depends_on=depends_on, idempotency_key=_optional_text(body, "idempotency_key"),
-        submitted_by=_actor(), **kwargs)
+        actor=_actor(), **kwargs)
     response = jsonify(job)
     response.status_code = 201 if job["is_new"] else 200
     response.headers["Location"] = url_for("api.get_job", job_id=job["id"])

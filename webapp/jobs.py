@@ -35,9 +35,11 @@ def index():
     if state is not None and state not in STATES:
         raise InvalidInput(f"unknown state {state!r}")
     limit = arg_int("limit", 50, low=1, high=500)
-    return render_view("jobs/index.html", "jobs/_table.html",
-                       jobs=reads.list_recent_jobs(get_conn(), limit=limit, state=state),
-                       state=state, states=STATES)
+    before_id = arg_int("before_id", 2**63 - 1, low=1)
+    jobs = reads.list_recent_jobs(get_conn(), limit=limit, state=state, before_id=before_id)
+    older = jobs[-1]["id"] if len(jobs) == limit else None
+    return render_view("jobs/index.html", "jobs/_table.html", jobs=jobs, state=state,
+                       states=STATES, older_than=older)
 
 
 @bp.get("/<int:job_id>")

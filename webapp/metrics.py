@@ -54,7 +54,7 @@ class _StateCollector:
                                       "Targets whose deployment outcome is unknown.")
         uncertain.add_metric([], sum(1 for t in d["targets"] if t["state"] == "uncertain"))
         yield uncertain
-        jobs = GaugeMetricFamily("pgdispatch_jobs", "Jobs by state.", labels=["state"])
+        jobs = GaugeMetricFamily("pgdispatch_jobs", "Jobs by state; succeeded, failed and cancelled: finished in the last hour.", labels=["state"])
         for state, n in sorted(d["jobs_by_state"].items()):
             jobs.add_metric([state], n)
         yield jobs

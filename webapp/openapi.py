@@ -24,10 +24,20 @@ def _errors(*codes: int) -> dict[str, Any]:
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True,
            "schema": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}}
-_NAME = {"name": "name", "in": "path", "required": True,
-         "schema": {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"}}
+# The names the schema's CHECK constraints accept (organizations, projects, pools, targets).
+_NAME_SCHEMA = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"}
+_NAME = {"name": "name", "in": "path", "required": True, "schema": _NAME_SCHEMA}
+# Text the server accepts: no NUL byte (PostgreSQL text cannot hold one).
+_NO_NUL = "^[^\\u0000]*$"
+# Operator text that must say something: not blank, no NUL. "Blank" is Python's str.isspace,
+# which the server applies; it differs from a pattern's \s (ECMA 262) in U+001C–U+001F, U+0085
+# and U+FEFF, so the class is spelled out and both regex engines agree.
+_SPACE_CLASS = "\\u0000\\t\\n\\u000b\\u000c\\r\\u001c-\\u001f \\u0085\\u00a0\\u1680\\u2000-\\u200a" \
+               "\\u2028\\u2029\\u202f\\u205f\\u3000"
+_SAYS_SOMETHING = f"^[^\\u0000]*[^{_SPACE_CLASS}][^\\u0000]*$"
 _REASON_BODY = {"type": "object", "additionalProperties": False,
-                "properties": {"reason": {"type": ["string", "null"], "maxLength": 1000}}}
+                "properties": {"reason": {"type": ["string", "null"], "maxLength": 1000,
+                                          "pattern": _NO_NUL}}}
 
 
 def _job_action(summary: str, conflict: str) -> dict[str, Any]:
@@ -91,8 +101,9 @@ SPEC: dict[str, Any] = {
             "parameters": [_NAME],
             "requestBody": _body({"type": "object", "additionalProperties": False,
                                   "required": ["reason"],
-                                  "properties": {"reason": {"type": "string", "minLength": 1,
-                                                            "maxLength": 1000}}}, required=True),
+                                  "properties": {"reason": {"type": "string", "maxLength": 1000,
+                                                            "pattern": _SAYS_SOMETHING}}},
+                                 required=True),
             "responses": {"200": _json({"$ref": "#/components/schemas/ActionResult"}, "paused"),
                           **_errors(401, 403, 404, 422),
                           "409": {"description": "already paused (says by whom)",
@@ -113,7 +124,8 @@ SPEC: dict[str, Any] = {
                                   "required": ["outcome", "note"],
                                   "properties": {
                                       "outcome": {"enum": ["succeeded", "failed", "retry"]},
-                                      "note": {"type": "string", "minLength": 1, "maxLength": 1000}}},
+                                      "note": {"type": "string", "maxLength": 1000,
+                                               "pattern": _SAYS_SOMETHING}}},
                                  required=True),
             "responses": {"200": _json({"$ref": "#/components/schemas/ActionResult"}, "resolved"),
                           **_errors(401, 403, 404, 422),
@@ -133,11 +145,15 @@ SPEC: dict[str, Any] = {
                 "type": "object", "additionalProperties": False,
                 "required": ["project", "pool", "command"],
                 "properties": {
-                    "project": {"type": "string"},
-                    "pool": {"type": "string"},
+                    "project": _NAME_SCHEMA,
+                    "pool": _NAME_SCHEMA,
                     "command": {"type": "array", "minItems": 1, "maxItems": 256,
-                                "items": {"type": "string"}},
-                    "target": {"type": ["string", "null"]},
+                                "description": "program and arguments, 64 KiB in all",
+                                "prefixItems": [{"type": "string", "maxLength": 16384,
+                                                 "pattern": _SAYS_SOMETHING}],
+                                "items": {"type": "string", "maxLength": 16384,
+                                          "pattern": _NO_NUL}},
+                    "target": {"oneOf": [_NAME_SCHEMA, {"type": "null"}]},
                     "priority": {"type": "integer", "minimum": -1000, "maximum": 1000, "default": 0},
                     "max_attempts": {"type": "integer", "minimum": 1, "maximum": 100, "default": 1},
                     "timeout_seconds": {"type": "integer", "minimum": 1, "maximum": 604800,
@@ -145,8 +161,11 @@ SPEC: dict[str, Any] = {
                     "delay_seconds": {"type": "number", "minimum": 0, "maximum": 2592000,
                                       "default": 0},
                     "requires_approval": {"type": "boolean", "default": False},
-                    "depends_on": {"type": "array", "items": {"type": "integer", "minimum": 1}},
-                    "idempotency_key": {"type": ["string", "null"], "maxLength": 200},
+                    "depends_on": {"type": "array", "maxItems": 1000,
+                                   "items": {"type": "integer", "minimum": 1,
+                                             "maximum": 2**63 - 1}},
+                    "idempotency_key": {"type": ["string", "null"], "minLength": 1,
+                                        "maxLength": 200, "pattern": _NO_NUL},
                 },
             },
             "Job": {

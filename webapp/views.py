@@ -66,14 +66,15 @@ def respond(*, message: str, category: str, status: int, back: str,
 
 
 def perform(action: Callable[[Any], Any], *, success: Callable[[Any], str], back: str,
-            fragment: Callable[[], str] | None = None) -> Response:
-    """Run ``action(conn)`` (a sql transition, which writes the audit event) as an operator.
+            fragment: Callable[[], str] | None = None, role: str = "operator") -> Response:
+    """Run ``action(conn)`` (a sql transition, which writes the audit event) as an operator
+    (``role="admin"``: as an admin).
 
     A refusal from the database (``sql.errors``) answers with its ``http_status``; a
     conflict (another operator acted first) also returns the fragment as it is now, so the
     loser sees the current state beside the "already … by alice at …" message.
     """
-    require_operator()
+    require_admin() if role == "admin" else require_operator()
     try:
         result = action(get_conn())
     except PgDispatchError as exc:
@@ -92,6 +93,12 @@ def require_operator() -> None:
     """403 unless the signed-in user may act (operator or admin)."""
     if not getattr(current_user, "can_act", False):
         abort(403, description="your role may only view; ask an operator to do this")
+
+
+def require_admin() -> None:
+    """403 unless the signed-in user is an admin (accounts, tokens and limits)."""
+    if not getattr(current_user, "is_admin", False):
+        abort(403, description="only an admin may do this")
 
 
 def form_text(name: str, *, required: bool = False) -> str | None:

@@ -140,6 +140,7 @@ CREATE INDEX jobs_waiting_idx ON jobs (id) INCLUDE (project_id, pool_id)
     WHERE state IN ('blocked', 'queued', 'uncertain');
 CREATE INDEX jobs_active_idx ON jobs (project_id) WHERE state IN ('running', 'uncertain');
 CREATE INDEX jobs_created_idx ON jobs (created_at);
+CREATE INDEX jobs_finished_idx ON jobs (finished_at) WHERE finished_at IS NOT NULL;
 -- Never two deployments on one target, enforced by the database itself.
 CREATE UNIQUE INDEX jobs_one_holder_per_target ON jobs (target_id)
     WHERE state IN ('running', 'uncertain') AND target_id IS NOT NULL;

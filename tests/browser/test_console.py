@@ -6,7 +6,9 @@ import re
 
 from playwright.sync_api import expect
 
-from sql import transitions, users
+from sql import transitions
+
+from tests.webapp.support import ensure_account
 
 from .conftest import SCREENSHOTS
 
@@ -33,8 +35,7 @@ def _populate(world) -> dict:
     world.job(project="api", requires_approval=True, command=["make", "release"])
     transitions.summarize_queue(world.conn)
     for name, password in PASSWORDS.items():
-        users.upsert_user(world.conn, username=name, password=password,
-                          role="operator" if name == "alice" else "viewer")
+        ensure_account(world.conn, name, password, "operator" if name == "alice" else "viewer")
     return {"waiting": waiting, "failed": failed, "deploy": deploy}
 
 

@@ -84,7 +84,12 @@ class CommitDroppingProxy:
         except OSError:
             pass
         finally:
+            # shut both directions down, so the other pump's blocked recv returns too
             for s in (client, server):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
                 try:
                     s.close()
                 except OSError:
@@ -115,6 +120,11 @@ class CommitDroppingProxy:
                     return  # _pump_server closes the client once the commit has answered
         except (OSError, ConnectionError, struct.error):
             pass
+        for s in (client, server):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         try:
             client.close()
         except OSError:

@@ -6,11 +6,14 @@ import re
 
 import pytest
 
-from sql import Settings, users
+from sql import Settings
 from webapp import create_app, shutdown
 
-PASSWORDS = {"alice": "alice-password", "bob": "bob-password-2", "victor": "victor-password"}
-ROLES = {"alice": "operator", "bob": "operator", "victor": "viewer"}
+from .support import ensure_account
+
+PASSWORDS = {"alice": "alice-password", "bob": "bob-password-2", "victor": "victor-password",
+             "ada": "ada-admin-password"}
+ROLES = {"alice": "operator", "bob": "operator", "victor": "viewer", "ada": "admin"}
 TEST_SETTINGS = Settings(secret_key="test-only-secret-key-0123456789abcdef")
 
 
@@ -36,14 +39,14 @@ def app(make_app):
 
 @pytest.fixture
 def accounts(conn):
-    """``accounts("alice", ...)`` creates those accounts (argon2 hashing costs ~0.1 s each,
-    so only the ones a test signs in with): alice and bob are operators, victor a viewer."""
+    """``accounts("alice", ...)`` creates those accounts (only the ones a test needs):
+    alice and bob are operators, victor a viewer, ada an admin."""
     made: set[str] = set()
 
     def ensure(*names: str) -> None:
         for name in names:
             if name not in made:
-                users.upsert_user(conn, username=name, password=PASSWORDS[name], role=ROLES[name])
+                ensure_account(conn, name, PASSWORDS[name], ROLES[name])
                 made.add(name)
 
     return ensure
@@ -90,3 +93,9 @@ def operator(signed_in):
 def viewer(signed_in):
     """victor, a viewer."""
     return signed_in("victor")
+
+
+@pytest.fixture
+def admin(signed_in):
+    """ada, an admin."""
+    return signed_in("ada")

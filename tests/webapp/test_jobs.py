@@ -39,7 +39,7 @@ def test_approve_cancel_retry_through_the_console(operator, world):
     assert retried.status_code == 303
     assert world.row("jobs", gated["id"])["state"] == "queued"
     actions = [r["action"] for r in world.conn.execute(
-        "SELECT action FROM audit_events WHERE actor = 'alice' ORDER BY id").fetchall()]
+        "SELECT action FROM audit_events WHERE actor = 'alice' AND action LIKE '%_job' ORDER BY id").fetchall()]
     assert actions == ["approve_job", "cancel_job", "retry_job"]
 
 
@@ -72,3 +72,13 @@ def test_jobs_list_filters_by_state(operator, world):
     transitions.cancel_job(world.conn, job_id=b["id"], actor="alice")
     page = operator.get("/jobs/?state=cancelled").get_data(as_text=True)
     assert f'id="jobs-row-{b["id"]}"' in page and f'id="jobs-row-{a["id"]}"' not in page
+
+
+def test_jobs_list_pages_to_older_jobs(world, operator):
+    world.setup()
+    ids = [world.job()["id"] for _ in range(5)]
+    page = operator.get("/jobs/?limit=2")
+    html = page.get_data(as_text=True)
+    assert page.status_code == 200 and f"before_id={ids[3]}" in html
+    older = operator.get(f"/jobs/?limit=2&before_id={ids[3]}").get_data(as_text=True)
+    assert f"/jobs/{ids[2]}" in older and f"/jobs/{ids[4]}" not in older

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 
-from sql import transitions
+from sql import reads, transitions
+from sql.explain import REASON_CODES
+
+from .support import make_uncertain_target
 
 
 def test_capacity_and_reason_counts(operator, world):
@@ -23,7 +26,7 @@ def test_capacity_and_reason_counts(operator, world):
     assert "capacity is-full" in page
     assert re.search(r'reason-capacity_pool">capacity_pool</span>\s*</td>\s*<td class="num">\s*'
                      r'<a href="/queue/\?reason=capacity_pool">1</a>', page)
-    assert re.search(r"refreshed \d+ s ago", page)
+    assert re.search(r'refreshed <span id="summary-age" data-seconds="[0-9.]+">\d+ s ago</span>', page)
     assert "Uncertain targets" not in page
 
 
@@ -34,3 +37,67 @@ def test_overview_fragment_polls(operator, world):
     assert body.lstrip().startswith('<div id="overview"')
     assert 'hx-trigger="every 2s"' in body and 'hx-get="/"' in body
     assert "<html" not in body
+
+
+def _console_counts(page: str) -> dict[str, int]:
+    counts = {}
+    for code in REASON_CODES:
+        match = re.search(rf'reason-{code}">{code}</span>\s*</td>\s*<td class="num">\s*'
+                          r'(?:<a href="[^"]*">)?(\d+)', page)
+        assert match, code
+        counts[code] = int(match.group(1))
+    return counts
+
+
+def test_every_reason_counted_once_and_the_same_as_each_jobs_explanation(operator, world):
+    """One waiting job (at least) for every reason code; the overview's per-reason counts
+    (from the queue summary) equal sql.reads.overview's, and both equal the first reason
+    of each waiting job explained one by one."""
+    make_uncertain_target(world)                          # uncertain job on production
+    world.apply({
+        "organizations": [{"name": "tiny", "max_running": 0}],
+        "pools": [{"name": "gpu", "slots": 4}, {"name": "full", "slots": 0}],
+        "projects": [{"name": "small", "organization": "tiny", "pools": ["linux"]},
+                     {"name": "bounded", "organization": "acme", "pools": ["linux"], "max_running": 0},
+                     {"name": "frozen", "organization": "acme", "pools": ["linux"]},
+                     {"name": "ml", "organization": "acme", "pools": ["gpu", "full"]}],
+        "targets": [{"name": "staging"}],
+    })
+    runner = world.runner(pools=("linux", "deploy", "full"), slots=10)
+    holder = world.job(pool="deploy", target="staging", command=["deploy", "staging"])
+    assert world.claim(runner, pools=("deploy",)).job_id == holder["id"]   # staging held
+    upstream = world.job(command=["build"])                                 # ready
+    world.job(command=["test"], depends_on=[upstream["id"]])                # dependency_pending
+    world.job(command=["release"], requires_approval=True)                  # approval_required
+    world.job(project="frozen", command=["x"])                              # project_paused
+    world.job(project="frozen", command=["y"], delay_seconds=600)           # project_paused
+    transitions.pause_project(world.conn, project="frozen", reason="freeze", actor="alice")
+    world.job(command=["later"], delay_seconds=3600)                        # retry_delayed
+    world.job(project="ml", pool="gpu", command=["train"])                  # no_authorized_runner
+    world.job(project="small", command=["s"])                               # capacity_organization
+    world.job(project="bounded", command=["b"])                             # capacity_project
+    world.job(project="ml", pool="full", command=["f"])                     # capacity_pool
+    world.job(pool="deploy", target="staging", command=["deploy", "2"])     # target_held
+    world.job(pool="deploy", target="production", command=["deploy", "3"])  # target_uncertain
+    transitions.summarize_queue(world.conn)
+
+    truth = {code: 0 for code in REASON_CODES}
+    for job in reads.list_waiting(world.conn, limit=500)["jobs"]:
+        truth[job["reasons"][0]["code"]] += 1
+    assert all(truth.values()), truth  # the world really has every reason
+    data = reads.overview(world.conn)
+    page = operator.get("/").get_data(as_text=True)
+    assert _console_counts(page) == data["reason_counts"] == truth
+    assert f'<span class="count">{sum(truth.values())}</span>' in page
+    assert "Stale" not in page
+
+
+def test_the_summary_age_is_shown_and_flagged_when_stale(operator, world):
+    world.setup()
+    world.job()
+    transitions.summarize_queue(world.conn)
+    world.conn.execute("UPDATE queue_summaries SET refreshed_at = now() - interval '10 minutes'")
+    page = operator.get("/").get_data(as_text=True)
+    age = re.search(r'<span id="summary-age" data-seconds="([0-9.]+)">10 min ago</span>', page)
+    assert age and 600 <= float(age.group(1)) < 660
+    assert "Stale: no scheduler has refreshed it lately" in page

@@ -162,14 +162,16 @@ def submit_cmd(obj: Context, project: str, pool: str, target: str | None, priori
 
     Prints the job as JSON with its id.
     """
-    from sql import transitions
+    from sql import console
 
     with obj.connect() as conn:
-        job = transitions.submit(conn, project=project, pool=pool, target=target, command=list(command),
-                                 priority=priority, max_attempts=max_attempts,
-                                 timeout_seconds=timeout_seconds, delay_seconds=delay_seconds,
-                                 requires_approval=requires_approval, depends_on=list(depends_on),
-                                 idempotency_key=idempotency_key, submitted_by=actor or default_actor())
+        # the job and its submit_job audit event commit together
+        job = console.submit_job(conn, project=project, pool=pool, target=target,
+                                 command=list(command), priority=priority,
+                                 max_attempts=max_attempts, timeout_seconds=timeout_seconds,
+                                 delay_seconds=delay_seconds, requires_approval=requires_approval,
+                                 depends_on=list(depends_on), idempotency_key=idempotency_key,
+                                 actor=actor or default_actor())
     emit(job)
 
 

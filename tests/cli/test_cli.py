@@ -69,12 +69,15 @@ def test_apply_is_idempotent(pgd, conn):
     assert count(conn, "projects") == 1 and count(conn, "users") == 1
 
 
-def test_submit_show_explain(pgd):
+def test_submit_show_explain(pgd, conn):
     job = json.loads(pgd("submit", "--project", "web", "--pool", "linux", "--priority", "5",
                          "--", "echo", "hello world").stdout)
     assert job["id"] > 0 and job["state"] == "queued" and job["command"] == ["echo", "hello world"]
     shown = json.loads(pgd("jobs", "show", str(job["id"])).stdout)
     assert shown["priority"] == 5 and shown["attempts"] == []
+    audit = conn.execute("SELECT actor, action FROM audit_events WHERE subject = %s",
+                         (f"job:{job['id']}",)).fetchall()
+    assert [(a["actor"], a["action"]) for a in audit] == [("tester", "submit_job")]
     explained = json.loads(pgd("jobs", "explain", str(job["id"])).stdout)
     assert explained["reason"] == "no_authorized_runner"
     assert "no live runner serves pool linux" in explained["reasons"][0]["message"]

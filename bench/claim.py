@@ -23,13 +23,8 @@ Cycles (``@cycle`` registers one; each becomes two series, limits free and limit
   bumped, attempt row inserted) then ``sql.transitions.complete`` with outcome ``succeeded``
   and the claim's receipt key (delivery receipt written, capacity released).
 
-A batched variant is one more decorated function::
-
-    @cycle("pgdispatch-batch10", label="pgdispatch, 10 jobs per claim")
-    def batch10(conn, loop: Loop) -> int:
-        claims = transitions.claim_many(conn, ..., limit=10)   # the core's future API
-        ...                                                     # complete them
-        return len(claims)                                      # 0: nothing was eligible
+* ``pgdispatch-batch10`` — the batched transitions (``claim_batch`` of up to 10 jobs of one
+  project and pool, then ``complete_batch`` of them), with the same guarantees.
 
 Limits: *free* sets organization ``max_running``, pool ``slots`` and every project's
 ``max_running`` to 100,000 (checked by every claim, never reached); *binding* sets the
@@ -288,6 +283,21 @@ def one_per_transaction(conn, loop: Loop) -> int:
     transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
                          outcome="succeeded", exit_code=0, receipt_key=c.receipt_key)
     return 1
+
+
+@cycle("pgdispatch-batch10", label="pgdispatch 10 jobs/txn")
+def ten_per_transaction(conn, loop: Loop) -> int:
+    """Batched transitions (migrations/0003_batches.sql): claim up to 10 jobs of one
+    (project, pool) in one transaction, then complete them all in one transaction."""
+    claims = transitions.claim_batch(conn, runner_id=loop.runner_id, pools=loop.pool_ids,
+                                     claim_tokens=[transitions.new_claim_token() for _ in range(10)],
+                                     lease_seconds=loop.lease_seconds)
+    if not claims:
+        return 0
+    transitions.complete_batch(conn, items=[
+        {"attempt_id": c.attempt_id, "generation": c.generation, "outcome": "succeeded",
+         "exit_code": 0, "receipt_key": c.receipt_key} for c in claims])
+    return len(claims)
 
 
 # --- worker processes ---------------------------------------------------------------------------

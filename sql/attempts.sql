@@ -47,3 +47,13 @@ SELECT pg_terminate_backend(:pid) WHERE EXISTS (SELECT 1 FROM pg_stat_activity W
 -- name: is_backend_alive$
 -- Whether a server session (by pid) still exists. Read-only.
 SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = :pid);
+
+-- name: claim_batch
+-- Up to len(claim_tokens) build jobs of one (project, pool) in one transaction; see pgd_claim_batch.
+SELECT * FROM pgd_claim_batch(:runner_id, CAST(:pool_ids AS bigint[]),
+                              CAST(:claim_tokens AS uuid[]), :lease_seconds);
+
+-- name: complete_batch
+-- Several outcomes in one transaction, rows locked in global lock order first; see pgd_complete_batch.
+SELECT pgd_complete_batch(CAST(:items AS jsonb), :backoff_base_seconds,
+                          :backoff_cap_seconds) AS answer;

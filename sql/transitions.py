@@ -92,6 +92,48 @@ def claim(conn, *, runner_id: int, pools: Sequence[int], claim_token: str,
     return None if row is None else _claim_from(row, claim_token)
 
 
+@transition("claim_batch")
+def claim_batch(conn, *, runner_id: int, pools: Sequence[int], claim_tokens: Sequence[str],
+                lease_seconds: float) -> list[Claim]:
+    """Claim up to ``len(claim_tokens)`` build jobs of one (project, pool) in one transaction
+    (pgd_claim_batch, migrations/0003_batches.sql): same fairness, lock order and capacity
+    checks as ``claim``; deployments are left to ``claim``. Returns the claims (maybe none).
+
+    Raises:
+        InvalidInput: 0 or more than 1000 tokens, bad lease. NotFound: unknown runner.
+    """
+    tokens = [str(t) for t in claim_tokens]
+    started = time.perf_counter()
+    rows = list(Q.claim_batch(conn, runner_id=runner_id, pool_ids=list(pools),
+                              claim_tokens=tokens, lease_seconds=float(lease_seconds)))
+    metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
+    return [_claim_from(r, r["claim_token"]) for r in rows]
+
+
+@transition("complete_batch")
+def complete_batch(conn, *, items: Sequence[dict[str, Any]], backoff_base_seconds: float = 2.0,
+                   backoff_cap_seconds: float = 300.0) -> list[dict[str, Any]]:
+    """Record several outcomes in one transaction (pgd_complete_batch): every row is locked in
+    the global lock order first, then each item is completed as ``complete`` would.
+
+    ``items``: dicts with attempt_id, generation, outcome, receipt_key and optionally
+    exit_code, error, output_tail. Returns one answer per item, in order; a fenced item answers
+    {"status": "fenced", ...} instead of raising.
+    Raises:
+        InvalidInput: a bad outcome or receipt key, more than 1000 items.
+    """
+    clean = []
+    for item in items:
+        if item.get("outcome") not in OUTCOMES:
+            raise InvalidInput(f"outcome must be one of {', '.join(OUTCOMES)}, got {item.get('outcome')!r}")
+        check_text("receipt key", item.get("receipt_key"), max_len=200)
+        clean.append({k: item.get(k) for k in ("attempt_id", "generation", "outcome", "receipt_key",
+                                               "exit_code", "error", "output_tail")})
+    rows = Q.complete_batch(conn, items=json.dumps(clean), backoff_base_seconds=backoff_base_seconds,
+                            backoff_cap_seconds=backoff_cap_seconds)
+    return [r["answer"] for r in rows]
+
+
 @transition("find_claim")
 def find_claim(conn, *, claim_token: str) -> tuple[Claim, str] | None:
     """After a lost connection, whether the claim with ``claim_token`` committed.

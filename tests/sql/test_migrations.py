@@ -14,7 +14,7 @@ from sql import db, migrate, transitions
 
 from ..conftest import with_database
 
-MIGRATIONS = ["0001_initial", "0002_transitions"]
+MIGRATIONS = ["0001_initial", "0002_transitions", "0003_batches"]
 
 # DESIGN.md, "Entities and states"
 STATES = {

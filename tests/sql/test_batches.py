@@ -1,0 +1,119 @@
+"""Batched claims and completions: same guarantees as one at a time, on real connections."""
+
+from __future__ import annotations
+
+import threading
+
+from sql import db, transitions
+
+
+def tokens(n: int) -> list[str]:
+    return [transitions.new_claim_token() for _ in range(n)]
+
+
+def test_claim_batch_takes_jobs_in_priority_order_within_capacity(world):
+    world.setup(org_limit=5, pool_slots=8, project_limit=4)
+    runner = world.runner()
+    low = [world.job()["id"] for _ in range(3)]
+    high = world.job(priority=5)["id"]
+    world.job(pool="linux")  # a sixth, beyond every limit
+    got = transitions.claim_batch(world.conn, runner_id=runner, pools=world.pool_ids(("linux",)),
+                                  claim_tokens=tokens(10), lease_seconds=30)
+    assert [c.job_id for c in got] == [high, *low]           # bounded by the project's 4
+    assert all(c.generation == 1 and c.attempt_no == 1 for c in got)
+    assert len({c.claim_token for c in got}) == 4
+    assert world.counters() == {"org": 4, "project": 4, "pool": 4, "attempts": 4}
+    found = transitions.find_claim(world.conn, claim_token=got[0].claim_token)
+    assert found[0].job_id == high
+
+
+def test_concurrent_batches_never_exceed_the_organization_limit(world, db_url):
+    world.setup(org_limit=5, pool_slots=50)
+    runners = [world.runner(slots=10) for _ in range(4)]
+    for _ in range(40):
+        world.job()
+    barrier = threading.Barrier(4)
+    results: list[list] = [[] for _ in runners]
+
+    def claimer(i: int) -> None:
+        with db.connect(db_url) as conn:
+            barrier.wait()
+            results[i] = transitions.claim_batch(conn, runner_id=runners[i],
+                                                 pools=world.pool_ids(("linux",)),
+                                                 claim_tokens=tokens(10), lease_seconds=30)
+    threads = [threading.Thread(target=claimer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    claimed = [c.job_id for r in results for c in r]
+    assert len(claimed) == 5 and len(set(claimed)) == 5
+    assert world.counters() == {"org": 5, "project": 5, "pool": 5, "attempts": 5}
+
+
+def test_complete_batch_releases_everything_once_and_answers_repeats(world):
+    world.setup(org_limit=10, pool_slots=10)
+    runner = world.runner()
+    for _ in range(3):
+        world.job(max_attempts=2)
+    got = transitions.claim_batch(world.conn, runner_id=runner, pools=world.pool_ids(("linux",)),
+                                  claim_tokens=tokens(3), lease_seconds=30)
+    items = [{"attempt_id": c.attempt_id, "generation": c.generation, "receipt_key": c.receipt_key,
+              "outcome": o, "exit_code": e} for c, o, e in zip(got, ["succeeded", "failed", "succeeded"],
+                                                             [0, 1, 0])]
+    first = transitions.complete_batch(world.conn, items=items)
+    assert [a["job_state"] for a in first] == ["succeeded", "queued", "succeeded"]
+    assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
+    again = transitions.complete_batch(world.conn, items=items)
+    assert all(a["repeated"] for a in again)
+    assert world.row("jobs", got[1].job_id)["failures"] == 1
+    # a stale generation in a batch is fenced without undoing the rest
+    stale = dict(items[0], generation=99, receipt_key="other")
+    out = transitions.complete_batch(world.conn, items=[stale])
+    assert out[0]["status"] == "fenced"
+
+
+def test_batch_loops_across_organizations_sharing_a_pool_never_deadlock(world, db_url):
+    """Four loops claim and complete in batches while two organizations share one pool: the
+    batch completion locks everything in the global order first, so no deadlock (the server's
+    own count), no retry, every job done once, counters back to 0."""
+    world.setup(org="acme", project="web", org_limit=6, pool_slots=8)
+    world.apply({"organizations": [{"name": "globex", "max_running": 6}],
+                 "projects": [{"name": "api", "organization": "globex", "pools": ["linux"]}]})
+    runners = [world.runner(slots=5) for _ in range(4)]
+    for i in range(160):
+        world.job(project="web" if i % 2 else "api")
+    deadlocks = "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()"
+    before = world.conn.execute(deadlocks).fetchone()["deadlocks"]
+    errors: list[BaseException] = []
+
+    def loop(runner_id: int) -> None:
+        try:
+            with db.connect(db_url) as conn:
+                idle = 0
+                while idle < 20:
+                    got = transitions.claim_batch(conn, runner_id=runner_id,
+                                                  pools=world.pool_ids(("linux",)),
+                                                  claim_tokens=tokens(5), lease_seconds=30)
+                    if not got:
+                        idle += 1
+                        continue
+                    idle = 0
+                    transitions.complete_batch(conn, items=[
+                        {"attempt_id": c.attempt_id, "generation": c.generation,
+                         "receipt_key": c.receipt_key, "outcome": "succeeded", "exit_code": 0}
+                        for c in got])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(r,)) for r in runners]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    states = world.conn.execute("SELECT state, count(*) AS n FROM jobs GROUP BY state").fetchall()
+    assert {r["state"]: r["n"] for r in states} == {"succeeded": 160}
+    assert world.conn.execute("SELECT count(*) AS n FROM attempts").fetchone()["n"] == 160
+    assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
+    assert world.conn.execute(deadlocks).fetchone()["deadlocks"] == before

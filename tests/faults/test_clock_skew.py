@@ -26,6 +26,7 @@ import datetime as dt
 import json
 import os
 import re
+import signal
 import shutil
 import subprocess
 import sys
@@ -141,7 +142,7 @@ class SkewedScheduler:
                 [*faketime(self.offset), sys.executable, "-m", "pgdispatch", "scheduler",
                  "--pool", "linux", "--slots", "4", "--name", f"skewed{self.offset}"],
                 env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL)
+                stdin=subprocess.DEVNULL, start_new_session=True)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -154,8 +155,13 @@ class SkewedScheduler:
             tzinfo=dt.timezone.utc)
 
     def close(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+        # faketime runs the scheduler as its child: end the whole session's process group,
+        # or the scheduler (and its watchdog) would outlive the test
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.proc.wait(timeout=10)
 
 

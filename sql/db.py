@@ -104,16 +104,28 @@ def backoff_sleep(try_no: int, *, base_seconds: float = 0.01, cap_seconds: float
 
 
 def in_transaction(conn: psycopg.Connection, fn: Callable[..., T], *args: Any,
-                   tx_name: str = "transaction", max_tries: int = MAX_TRIES, **kwargs: Any) -> T:
+                   tx_name: str = "transaction", max_tries: int = MAX_TRIES,
+                   one_statement: bool = False, **kwargs: Any) -> T:
     """Run ``fn(conn, *args, **kwargs)`` in one transaction, retrying the whole of it after
     a deadlock (SQLSTATE 40P01) or serialization failure (40001), with jittered backoff,
     at most ``max_tries`` times (PostgreSQL docs 13.4, "Serialization Failure Handling").
+
+    With ``one_statement`` (``fn`` sends exactly one statement on an autocommit connection)
+    no BEGIN/COMMIT is sent: the statement is its own implicit transaction, committed by the
+    server before it answers (PostgreSQL docs 55.2.2, "an implicit transaction block ... is
+    committed at the Sync"; psycopg returns only after ReadyForQuery, so a returned result
+    is a committed one). The row locks it takes are then held only while the server runs it,
+    never across a round trip to a client that may be waiting for a CPU: on a busy
+    organization that is what bounds how many claims per second its row admits
+    (docs/benchmarks.md, "One statement, no BEGIN/COMMIT").
 
     Raises:
         our exceptions (sql.errors) translated from database errors.
     """
     for try_no in range(1, max_tries + 1):
         try:
+            if one_statement and conn.autocommit:
+                return fn(conn, *args, **kwargs)
             with conn.transaction():
                 return fn(conn, *args, **kwargs)
         except RETRYABLE as exc:
@@ -131,16 +143,19 @@ def in_transaction(conn: psycopg.Connection, fn: Callable[..., T], *args: Any,
     raise AssertionError("unreachable")
 
 
-def transition(name: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+def transition(name: str, *, one_statement: bool = False
+               ) -> Callable[[Callable[..., T]], Callable[..., T]]:
     """Decorator for a transition ``fn(conn, ...)``: when the connection is idle it runs in
-    its own retried transaction (``in_transaction``); inside the caller's transaction it runs
+    its own retried transaction (``in_transaction``; ``one_statement``: ``fn`` sends exactly
+    one statement, run as an implicit transaction); inside the caller's transaction it runs
     once, errors translated, and the caller owns the retry."""
 
     def wrap(fn: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(fn)
         def run(conn: psycopg.Connection, *args: Any, **kwargs: Any) -> T:
             if conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-                return in_transaction(conn, fn, *args, tx_name=name, **kwargs)
+                return in_transaction(conn, fn, *args, tx_name=name, one_statement=one_statement,
+                                      **kwargs)
             try:
                 return fn(conn, *args, **kwargs)
             except psycopg.Error as exc:

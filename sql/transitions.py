@@ -60,6 +60,16 @@ class Lease:
     is_cancel_requested: bool
 
 
+def clean_report(output_tail: str | None, error: str | None) -> tuple[str | None, str | None]:
+    """A completion's texts as the database takes them: NUL (which text and jsonb cannot
+    hold) replaced by U+FFFD, the error cut to 2,000 characters. Returns (output_tail, error)."""
+    if output_tail is not None:
+        output_tail = output_tail.replace("\x00", "\ufffd")
+    if error is not None:
+        error = error.replace("\x00", "\ufffd")[:2000]
+    return output_tail, error
+
+
 def new_claim_token() -> str:
     """A fresh claim token (UUID4 text)."""
     return str(uuid.uuid4())
@@ -73,7 +83,7 @@ def _claim_from(row: dict[str, Any], claim_token: str) -> Claim:
                  claim_token=str(claim_token))
 
 
-@transition("claim")
+@transition("claim", one_statement=True)
 def claim(conn, *, runner_id: int, pools: Sequence[int], claim_token: str,
           lease_seconds: float) -> Claim | None:
     """Claim the next eligible job for ``runner_id`` on any of ``pools`` (pool ids).
@@ -92,7 +102,7 @@ def claim(conn, *, runner_id: int, pools: Sequence[int], claim_token: str,
     return None if row is None else _claim_from(row, claim_token)
 
 
-@transition("claim_batch")
+@transition("claim_batch", one_statement=True)
 def claim_batch(conn, *, runner_id: int, pools: Sequence[int], claim_tokens: Sequence[str],
                 lease_seconds: float) -> list[Claim]:
     """Claim up to ``len(claim_tokens)`` build jobs of one (project, pool) in one transaction
@@ -110,11 +120,12 @@ def claim_batch(conn, *, runner_id: int, pools: Sequence[int], claim_tokens: Seq
     return [_claim_from(r, r["claim_token"]) for r in rows]
 
 
-@transition("complete_batch")
+@transition("complete_batch", one_statement=True)
 def complete_batch(conn, *, items: Sequence[dict[str, Any]], backoff_base_seconds: float = 2.0,
                    backoff_cap_seconds: float = 300.0) -> list[dict[str, Any]]:
-    """Record several outcomes in one transaction (pgd_complete_batch): every row is locked in
-    the global lock order first, then each item is completed as ``complete`` would.
+    """Record several outcomes in one transaction (pgd_complete_batch, migrations/0004):
+    every row is locked in the global lock order first; then the builds that succeeded are
+    completed together, set-based, and every other item as ``complete`` would, one by one.
 
     ``items``: dicts with attempt_id, generation, outcome, receipt_key and optionally
     exit_code, error, output_tail. Returns one answer per item, in order; a fenced item answers
@@ -127,8 +138,10 @@ def complete_batch(conn, *, items: Sequence[dict[str, Any]], backoff_base_second
         if item.get("outcome") not in OUTCOMES:
             raise InvalidInput(f"outcome must be one of {', '.join(OUTCOMES)}, got {item.get('outcome')!r}")
         check_text("receipt key", item.get("receipt_key"), max_len=200)
-        clean.append({k: item.get(k) for k in ("attempt_id", "generation", "outcome", "receipt_key",
-                                               "exit_code", "error", "output_tail")})
+        row = {k: item.get(k) for k in ("attempt_id", "generation", "outcome", "receipt_key",
+                                         "exit_code", "error", "output_tail")}
+        row["output_tail"], row["error"] = clean_report(row["output_tail"], row["error"])
+        clean.append(row)
     rows = Q.complete_batch(conn, items=json.dumps(clean), backoff_base_seconds=backoff_base_seconds,
                             backoff_cap_seconds=backoff_cap_seconds)
     return [r["answer"] for r in rows]
@@ -200,7 +213,7 @@ def heartbeat(conn, *, attempt_id: int, generation: int, lease_seconds: float,
     return Lease(row["lease_expires_at"], row["is_cancel_requested"])
 
 
-@transition("complete")
+@transition("complete", one_statement=True)
 def complete(conn, *, attempt_id: int, generation: int, outcome: str, receipt_key: str,
              exit_code: int | None = None, error: str | None = None,
              output_tail: str | None = None, backoff_base_seconds: float = 2.0,
@@ -221,10 +234,7 @@ def complete(conn, *, attempt_id: int, generation: int, outcome: str, receipt_ke
     if outcome not in OUTCOMES:
         raise InvalidInput(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
     check_text("receipt key", receipt_key, max_len=200)
-    if output_tail is not None:
-        output_tail = output_tail.replace("\x00", "\ufffd")
-    if error is not None:
-        error = error.replace("\x00", "\ufffd")[:2000]
+    output_tail, error = clean_report(output_tail, error)
     result = Q.complete_attempt(conn, attempt_id=attempt_id, generation=generation, outcome=outcome,
                                 exit_code=exit_code, error=error, output_tail=output_tail,
                                 receipt_key=receipt_key, backoff_base_seconds=backoff_base_seconds,

@@ -1,9 +1,11 @@
 """The chaos run's TCP proxy: CommitDroppingProxy's behaviour (tests/faults/proxy.py), with
 connection ends that behave like a real socket's.
 
-When ``drop_after_commit`` is armed, the next simple-Query COMMIT that passes is forwarded; the
+When ``drop_after_commit`` is armed, the next request that ends a transaction (a COMMIT, or a
+statement sent while the session is idle: its own implicit transaction) is forwarded; the
 server's answer is swallowed and the client's connection is cut (the transaction committed,
 the client never hears), and the server's session is ended too, as if the client had gone.
+Which answer to swallow is ``proxy.ReplyDrop``'s decision, shared with CommitDroppingProxy.
 
 Why not CommitDroppingProxy itself: there, when one direction ends, the other direction's
 thread may still be blocked in ``recv`` on a socket the first one ``close()``d. Closing a
@@ -22,8 +24,7 @@ import threading
 from urllib.parse import urlsplit
 
 from .conftest import upstream_of
-
-SSL_REQUEST, GSSENC_REQUEST = 80877103, 80877104
+from .proxy import ReplyDrop, pass_startup, read_message
 
 
 class ChaosProxy:
@@ -40,6 +41,7 @@ class ChaosProxy:
         self.db_url = (f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
                        "?sslmode=disable&gssencmode=disable&connect_timeout=5")
         self.drop_after_commit = threading.Event()
+        self.marker: bytes | None = None  # ReplyDrop reads it; the chaos run never sets one
         self.commits_dropped = 0
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -99,7 +101,7 @@ class _Pair:
         self.proxy = proxy
         self.client = client
         self.server = server
-        self.swallow = threading.Event()  # this client's COMMIT is being dropped
+        self.drop = ReplyDrop(proxy.drop_after_commit, proxy)
         self._lock = threading.Lock()
         self._pumps = 2  # the last pump to exit closes both sockets
 
@@ -117,29 +119,15 @@ class _Pair:
             self.client.close()
             self.server.close()
 
-    @staticmethod
-    def _recv_exact(sock: socket.socket, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("closed")
-            buf += chunk
-        return buf
-
     def pump_server(self) -> None:
         try:
             while True:
-                data = self.server.recv(65536)
-                if not data:
-                    break
-                if self.swallow.is_set():
-                    # the answer to the dropped COMMIT: it committed; the client never hears
-                    with self.proxy._lock:
-                        self.proxy.commits_dropped += 1
-                    break
-                self.client.sendall(data)
-        except OSError:
+                out = self.drop.server_message(*read_message(self.server))
+                if out is None:
+                    break  # the dropped commit's answer: it committed; the client never hears
+                if out:
+                    self.client.sendall(out)
+        except (OSError, ConnectionError, struct.error):
             pass
         finally:
             self.end()
@@ -147,25 +135,11 @@ class _Pair:
 
     def pump_client(self) -> None:
         try:
-            # startup packets (SSLRequest / GSSENCRequest / StartupMessage) have no type byte
+            pass_startup(self.client, self.server)
             while True:
-                length = struct.unpack("!I", self._recv_exact(self.client, 4))[0]
-                body = self._recv_exact(self.client, length - 4)
-                self.server.sendall(struct.pack("!I", length) + body)
-                if struct.unpack("!I", body[:4])[0] not in (SSL_REQUEST, GSSENC_REQUEST):
-                    break
-            while True:
-                kind = self._recv_exact(self.client, 1)
-                length = struct.unpack("!I", self._recv_exact(self.client, 4))[0]
-                body = self._recv_exact(self.client, length - 4)
-                is_commit = (kind == b"Q" and self.proxy.drop_after_commit.is_set()
-                             and body.rstrip(b"\x00").strip().upper() == b"COMMIT")
-                if is_commit:
-                    self.proxy.drop_after_commit.clear()
-                    self.swallow.set()
-                self.server.sendall(kind + struct.pack("!I", length) + body)
-                if is_commit:
-                    return  # pump_server ends the pair once the COMMIT has been answered
+                kind, body = read_message(self.client)
+                self.drop.client_message(kind, body)
+                self.server.sendall(kind + struct.pack("!I", len(body) + 4) + body)
         except (OSError, ConnectionError, struct.error):
             self.end()
         finally:

@@ -1,11 +1,15 @@
-"""A small TCP proxy in front of PostgreSQL that can drop a client right after its COMMIT.
+"""A small TCP proxy in front of PostgreSQL that can drop a client right after a commit.
 
 It speaks just enough of the frontend/backend protocol (PostgreSQL docs 55.2, "Message Flow")
-to find message boundaries in the client's stream: after the startup packet every message is
-one type byte and a big-endian int32 length. When ``drop_after_commit`` is armed and the client
-sends a simple Query whose text is COMMIT, the proxy forwards it to the server, waits for the
-server's answer (so the commit has happened), swallows it and closes the client's socket —
-the transaction committed, the client never hears.
+to find message boundaries: after the startup packet every message is one type byte and a
+big-endian int32 length. When ``drop_after_commit`` is armed (optionally with ``arm(marker)``:
+only a statement whose text contains ``marker``), the next request that ends a transaction —
+a simple-Query COMMIT, or any statement sent while the session is idle, which runs as its own
+implicit transaction and commits before the server answers (sql.db's ``one_statement``
+transitions) — is forwarded; everything the server answers from then until its
+ReadyForQuery says "idle" is swallowed, and the client's socket is closed: the transaction
+committed, the client never hears. (Inside an explicit transaction the answers are passed on
+until the COMMIT's.) ``ReplyDrop`` is that decision, shared with tests/faults/chaos_proxy.py.
 """
 
 from __future__ import annotations
@@ -13,6 +17,95 @@ from __future__ import annotations
 import socket
 import struct
 import threading
+
+SSL_REQUEST, GSSENC_REQUEST = 80877103, 80877104
+
+
+def read_message(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One protocol message (type byte, body) from ``sock``. Raises ConnectionError at EOF."""
+    kind = recv_exact(sock, 1)
+    length = struct.unpack("!I", recv_exact(sock, 4))[0]
+    return kind, recv_exact(sock, length - 4)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from ``sock``. Raises ConnectionError if it closes first."""
+    buf = b""
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return buf
+
+
+def pass_startup(client: socket.socket, server: socket.socket) -> None:
+    """Forward the client's startup packets (SSLRequest / GSSENCRequest / StartupMessage, which
+    have no type byte) to the server."""
+    while True:
+        length = struct.unpack("!I", recv_exact(client, 4))[0]
+        body = recv_exact(client, length - 4)
+        server.sendall(struct.pack("!I", length) + body)
+        if struct.unpack("!I", body[:4])[0] not in (SSL_REQUEST, GSSENC_REQUEST):
+            return
+
+
+class ReplyDrop:
+    """Per connection: which server answer to swallow once the proxy is armed.
+
+    ``client_message`` is called with each client message before it is forwarded; it starts
+    the watch on the request that will end a transaction. ``server_message`` is called with
+    each server message and returns the bytes to send to the client now, or None when the
+    transaction's end was swallowed and the connection must be cut.
+    """
+
+    def __init__(self, armed: threading.Event, proxy) -> None:
+        self.armed = armed
+        self.proxy = proxy           # has ``marker`` (bytes or None) and a ``_lock``
+        self.idle = False            # the server's last ReadyForQuery said "idle"
+        self.watching = False
+        self.held: list[bytes] = []
+        self.statements: dict[bytes, bytes] = {}  # prepared statement name -> text
+
+    def client_message(self, kind: bytes, body: bytes) -> None:
+        text = b""
+        if kind == b"Q":
+            text = body
+        elif kind == b"P":
+            name, rest = body.split(b"\x00", 1)
+            text = self.statements[name] = rest.split(b"\x00", 1)[0]
+        elif kind == b"B":
+            text = self.statements.get(body.split(b"\x00", 2)[1], b"")
+        starts_request = kind in (b"Q", b"P", b"B")
+        is_commit = kind == b"Q" and body.rstrip(b"\x00").strip().upper() == b"COMMIT"
+        with self.proxy._lock:
+            marker = self.proxy.marker
+            if (not self.watching and self.armed.is_set() and starts_request
+                    and (is_commit or self.idle) and (marker is None or marker in text)):
+                self.armed.clear()
+                self.proxy.marker = None
+                self.watching = True
+        if starts_request:
+            self.idle = False
+
+    def server_message(self, kind: bytes, body: bytes) -> bytes | None:
+        message = kind + struct.pack("!I", len(body) + 4) + body
+        if kind == b"Z":
+            status = body[:1]
+            self.idle = status == b"I"
+            if self.watching:
+                if status == b"I":  # the transaction is over: its answer goes nowhere
+                    with self.proxy._lock:
+                        self.proxy.commits_dropped += 1
+                    return None
+                out, self.held = b"".join(self.held) + message, []  # inside BEGIN: go on
+                if status == b"E":
+                    self.watching = False
+                return out
+        if self.watching:
+            self.held.append(message)
+            return b""
+        return message
 
 
 class CommitDroppingProxy:
@@ -26,6 +119,7 @@ class CommitDroppingProxy:
         self.listener.listen(64)
         self.port = self.listener.getsockname()[1]
         self.drop_after_commit = threading.Event()
+        self.marker: bytes | None = None
         self.commits_dropped = 0
         self._closed = threading.Event()
         self._lock = threading.Lock()
@@ -47,6 +141,12 @@ class CommitDroppingProxy:
         s.connect(self.upstream)
         return s
 
+    def arm(self, marker: str | None = None) -> None:
+        """Drop the end of the next transaction (only a statement containing ``marker``)."""
+        with self._lock:
+            self.marker = marker.encode() if marker else None
+        self.drop_after_commit.set()
+
     def _accept(self) -> None:
         while not self._closed.is_set():
             try:
@@ -54,78 +154,41 @@ class CommitDroppingProxy:
             except OSError:
                 return
             server = self._connect_upstream()
-            swallow = threading.Event()  # set once this client's COMMIT is on its way
-            threading.Thread(target=self._pump_server, args=(server, client, swallow), daemon=True).start()
-            threading.Thread(target=self._pump_client, args=(client, server, swallow), daemon=True).start()
+            drop = ReplyDrop(self.drop_after_commit, self)
+            threading.Thread(target=self._pump_server, args=(server, client, drop), daemon=True).start()
+            threading.Thread(target=self._pump_client, args=(client, server, drop), daemon=True).start()
 
     @staticmethod
-    def _recv_exact(sock: socket.socket, n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = sock.recv(n - len(buf))
-            if not chunk:
-                raise ConnectionError("closed")
-            buf += chunk
-        return buf
-
-    def _pump_server(self, server: socket.socket, client: socket.socket,
-                     swallow: threading.Event) -> None:
-        try:
-            while True:
-                data = server.recv(65536)
-                if not data:
-                    break
-                if swallow.is_set():
-                    # the answer to the dropped COMMIT: the commit is done; the client never hears
-                    with self._lock:
-                        self.commits_dropped += 1
-                    break
-                client.sendall(data)
-        except OSError:
-            pass
-        finally:
-            # shut both directions down, so the other pump's blocked recv returns too
-            for s in (client, server):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-                try:
-                    s.close()
-                except OSError:
-                    pass
-
-    def _pump_client(self, client: socket.socket, server: socket.socket,
-                     swallow: threading.Event) -> None:
-        try:
-            # startup packets (SSLRequest / GSSENCRequest / StartupMessage) have no type byte
-            while True:
-                length = struct.unpack("!I", self._recv_exact(client, 4))[0]
-                body = self._recv_exact(client, length - 4)
-                server.sendall(struct.pack("!I", length) + body)
-                code = struct.unpack("!I", body[:4])[0]
-                if code not in (80877103, 80877104):  # SSLRequest, GSSENCRequest
-                    break
-            while True:
-                kind = self._recv_exact(client, 1)
-                length = struct.unpack("!I", self._recv_exact(client, 4))[0]
-                body = self._recv_exact(client, length - 4)
-                is_commit = (kind == b"Q" and self.drop_after_commit.is_set()
-                             and body.rstrip(b"\x00").strip().upper() == b"COMMIT")
-                if is_commit:
-                    self.drop_after_commit.clear()
-                    swallow.set()
-                server.sendall(kind + struct.pack("!I", length) + body)
-                if is_commit:
-                    return  # _pump_server closes the client once the commit has answered
-        except (OSError, ConnectionError, struct.error):
-            pass
-        for s in (client, server):
+    def _close(*socks: socket.socket) -> None:
+        for s in socks:
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            try:
+                s.close()
+            except OSError:
+                pass
+
+    def _pump_server(self, server: socket.socket, client: socket.socket, drop: ReplyDrop) -> None:
         try:
-            client.close()
-        except OSError:
+            while True:
+                out = drop.server_message(*read_message(server))
+                if out is None:
+                    break
+                if out:
+                    client.sendall(out)
+        except (OSError, ConnectionError, struct.error):
             pass
+        self._close(client, server)
+
+    def _pump_client(self, client: socket.socket, server: socket.socket, drop: ReplyDrop) -> None:
+        try:
+            pass_startup(client, server)
+            while True:
+                kind, body = read_message(client)
+                drop.client_message(kind, body)
+                server.sendall(kind + struct.pack("!I", len(body) + 4) + body)
+        except (OSError, ConnectionError, struct.error):
+            pass
+        self._close(client, server)

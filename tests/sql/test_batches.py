@@ -117,3 +117,86 @@ def test_batch_loops_across_organizations_sharing_a_pool_never_deadlock(world, d
     assert world.conn.execute("SELECT count(*) AS n FROM attempts").fetchone()["n"] == 160
     assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
     assert world.conn.execute(deadlocks).fetchone()["deadlocks"] == before
+
+
+def _mixed_round(world, runner: int, target: str, build: str, deploy_pool: str) -> tuple[list[dict], dict]:
+    """Submit and claim one mixed set of work and say how to complete it: three builds that
+    succeed (two of them the upstreams of a dependent waiting on both, one the upstream of a
+    dependent that also waits on a job never run), a build that fails with a retry left, a
+    build reported twice under one key, a deployment that succeeds, and a report with a stale
+    generation. Builds run on pool ``build``, the deployment on ``deploy_pool``. Returns the
+    completion items (in that order) and the ids to inspect."""
+    ok = [world.job(pool=build)["id"] for _ in range(3)]
+    never = world.job(pool=build, requires_approval=True)["id"]  # an approval nobody gives
+    both = world.job(pool=build, depends_on=[ok[0], ok[2]])["id"]
+    half = world.job(pool=build, depends_on=[ok[1], never])["id"]
+    retry = world.job(pool=build, max_attempts=2)["id"]
+    twice = world.job(pool=build)["id"]
+    deploy = world.job(pool=deploy_pool, target=target)["id"]
+    stale = world.job(pool=build)["id"]
+    wanted = [*ok, retry, twice, stale]
+    claims = {}
+    while len(claims) < len(wanted):
+        c = world.claim(runner, pools=(build,))
+        claims[c.job_id] = c
+    assert sorted(claims) == sorted(wanted)
+    d = world.claim(runner, pools=(deploy_pool,))
+    assert d.job_id == deploy, "the deployment must be the deploy pool's first claim"
+
+    def item(c, outcome="succeeded", **kw):
+        return {"attempt_id": c.attempt_id, "generation": c.generation, "outcome": outcome,
+                "receipt_key": c.receipt_key, "exit_code": 0 if outcome == "succeeded" else 1, **kw}
+    items = [item(claims[j]) for j in ok]
+    items += [item(claims[retry], "failed"), item(claims[twice]), item(claims[twice]), item(d),
+              item(claims[stale], generation=claims[stale].generation + 7)]
+    return items, {"ok": ok, "both": both, "half": half, "retry": retry, "twice": twice,
+                   "deploy": deploy, "stale": stale}
+
+
+def _outcome(world, answers: list[dict], ids: dict, target: str) -> dict:
+    """What a round left behind, without ids and times: the answers, every job's state (and
+    failures, pending dependencies), the target's state."""
+    keep = ("status", "job_state", "attempt_state", "is_late_report", "repeated")
+    jobs = {k: [world.row("jobs", i) for i in (v if isinstance(v, list) else [v])] for k, v in ids.items()}
+    return {
+        "answers": [{k: a.get(k) for k in keep} for a in answers],
+        "jobs": {k: [(j["state"], j["failures"], j["pending_dependencies"]) for j in v]
+                 for k, v in jobs.items()},
+        "target": world.conn.execute("SELECT state, holder_job_id FROM targets WHERE name = %s",
+                                     (target,)).fetchone(),
+    }
+
+
+def test_set_based_batch_leaves_exactly_what_one_at_a_time_completion_leaves(world):
+    """The fast path of pgd_complete_batch (successful builds, set-based) and the per-item
+    path must be indistinguishable: the same mixed round completed once as a batch and once
+    item by item leaves the same answers, job states, failures, dependents and target."""
+    pools = ("linux", "deploy", "linux2", "deploy2")
+    world.setup(org_limit=50, pool_slots=50, pools=pools, targets=("blue", "green"))
+    runner = world.runner(pools=pools, slots=50)
+
+    items, ids = _mixed_round(world, runner, "blue", "linux", "deploy")
+    batched = transitions.complete_batch(world.conn, items=items)
+    after_batch = _outcome(world, batched, ids, "blue")
+    # only the job whose report was fenced still holds its slots
+    assert world.counters() == {"org": 1, "project": 1, "pool": 1, "attempts": 1}
+
+    items, ids = _mixed_round(world, runner, "green", "linux2", "deploy2")
+    single = []
+    for it in items:
+        try:
+            single.append(transitions.complete(world.conn, **it))
+        except transitions.FencedOut:
+            single.append({"status": "fenced"})
+    after_single = _outcome(world, single, ids, "green")
+    assert world.counters() == {"org": 2, "project": 2, "pool": 2, "attempts": 2}
+
+    after_batch["target"].pop("holder_job_id"), after_single["target"].pop("holder_job_id")
+    assert after_batch == after_single
+    # and what that is: the dependent of two successes is queued, the other still blocked
+    assert after_batch["jobs"]["both"] == [("queued", 0, 0)]
+    assert after_batch["jobs"]["half"] == [("blocked", 0, 1)]
+    assert [a["status"] for a in batched][-1] == "fenced"
+    assert [a["repeated"] for a in batched[4:6]] == [False, True]
+    receipts = world.conn.execute("SELECT count(*) AS n FROM delivery_receipts").fetchone()["n"]
+    assert receipts == 2 * 6  # one per distinct key, the fenced report has none

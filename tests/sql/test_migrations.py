@@ -14,7 +14,7 @@ from sql import db, migrate, transitions
 
 from ..conftest import with_database
 
-MIGRATIONS = ["0001_initial", "0002_transitions", "0003_batches"]
+MIGRATIONS = ["0001_initial", "0002_transitions", "0003_batches", "0004_hot_path"]
 
 # DESIGN.md, "Entities and states"
 STATES = {

@@ -124,8 +124,9 @@ def test_pgd_claim_runs_its_selections_on_the_claim_index(db_url, world, loaded)
     assert len(selections) == 8, [p["Query Text"][:60] for p in plans]
     for p in selections:
         assert_uses_claim_index(p["Plan"])
-    # the candidate query's EXISTS probe must not scan the jobs table either
-    candidates = [p for p in plans if "FROM project_pools pp" in p["Query Text"]]
+    # the candidate query (inlined into pgd_claim's statement since migrations/0004) and its
+    # EXISTS probe must not scan the jobs table either
+    candidates = [p for p in plans if "pgd_claim_candidates(" in p["Query Text"]]
     assert candidates
     for p in candidates:
         scans = [n for n in plan_nodes(p["Plan"]) if n.get("Relation Name") == "jobs"]

@@ -325,6 +325,10 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
 @click.option("--name", default=None, help="Runner name (default host:pid).")
 @click.option("--grace-seconds", type=click.FloatRange(0, 86400), default=30.0, show_default=True,
               help="On SIGTERM, how long running jobs may finish before being handed back.")
+@click.option("--max-batch", type=click.IntRange(1, 1000), default=10, show_default=True,
+              envvar="PGDISPATCH_MAX_BATCH",
+              help="Most builds claimed, and most outcomes reported, in one transaction "
+                   "(1: one job per transaction). Env: PGDISPATCH_MAX_BATCH.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               envvar="PGDISPATCH_METRICS_PORT",
               help="Serve this process's Prometheus metrics on this port (0: any free port, "
@@ -335,7 +339,8 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
                    "Env: PGDISPATCH_METRICS_ADDR.")
 @click.pass_obj
 def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | None,
-                  grace_seconds: float, metrics_port: int | None, metrics_addr: str) -> None:
+                  grace_seconds: float, max_batch: int, metrics_port: int | None,
+                  metrics_addr: str) -> None:
     """Run a scheduler process until SIGTERM/SIGINT."""
     logging.getLogger().setLevel(logging.INFO)
     from scheduler import main as scheduler_main
@@ -347,7 +352,8 @@ def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | 
         # listen before registering the runner: a port in use fails having changed nothing
         watch = Exporter(port=metrics_port, addr=metrics_addr).watch
     code = scheduler_main.run(obj.settings, database_url=obj.url, pools=list(pools), slots=slots,
-                              name=name, grace_seconds=grace_seconds, watch=watch)
+                              name=name, grace_seconds=grace_seconds, max_batch=max_batch,
+                              watch=watch)
     sys.exit(code)
 
 

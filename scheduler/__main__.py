@@ -1,4 +1,5 @@
-"""``python -m scheduler --pool Q [--pool Q2] --slots N [--name NAME] [--grace-seconds S]``:
+"""``python -m scheduler --pool Q [--pool Q2] --slots N [--name NAME] [--grace-seconds S]
+[--max-batch N]``:
 the same flags as ``pgdispatch scheduler``, settings from the environment (Settings.from_env)."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 from sql import PgDispatchError, Settings
 from sql.embedded import database_url
 
+from .claiming import DEFAULT_MAX_BATCH
 from .main import run
 
 
@@ -21,13 +23,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slots", type=int, required=True)
     parser.add_argument("--name")
     parser.add_argument("--grace-seconds", type=float, default=30.0)
+    parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = Settings.from_env()
         return run(settings, database_url=database_url(settings), pools=args.pools,
-                   slots=args.slots, name=args.name, grace_seconds=args.grace_seconds)
+                   slots=args.slots, name=args.name, grace_seconds=args.grace_seconds,
+                   max_batch=args.max_batch)
     except PgDispatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,28 +1,55 @@
 """The claim job: fill this scheduler's free slots with claimed jobs.
 
 Runs every ``claim_interval_seconds`` and, through ``wake()``, at once whenever a slot frees,
-so throughput is not bounded by the interval. Each claim is one short transaction
-(sql.transitions.claim) with a fresh claim token; the claimed job goes to the executor.
+so throughput is not bounded by the interval. Each claim is one short transaction with fresh
+claim tokens; every claimed job goes to the executor.
 
-A claim whose connection broke may still have committed. Its token (and the server session
-it ran in) is kept, and the next run asks the database before claiming anything new
-(transitions.recover_claim: first make sure that session has ended, so the answer is final,
-then look the token up): a claim that did commit is renewed with a heartbeat and run; one
-that did not is forgotten.
+A round opens with one ordinary claim (sql.transitions.claim): the next job under the
+fairness policy, build or deployment, exactly as a scheduler without batching would take it.
+Nothing eligible ends the round, so an idle scheduler still polls with one transaction. When
+that claim found work and two or more slots are still free, ``claim_batch`` fills them: up to
+``max_batch`` builds of one (project, pool) in one transaction, repeated while it keeps coming
+back full; a batch that comes back short hands the next pick to an ordinary claim again
+(another project, or a deployment, may be next in line). Deployments are only ever claimed
+one at a time, by ``claim``: they take a target, and pgd_claim_batch leaves them alone.
+
+A claim whose connection broke may still have committed. Every token it carried (one for a
+claim, all of a batch's) is kept with the server session it ran in, and the next run asks the
+database before claiming anything new (transitions.recover_claim: first make sure that
+session has ended, so the answer is final, then look each token up): a claim that did commit
+is renewed with a heartbeat and run — or, when the scheduler is draining, handed back at once
+(its command never started); a token that did not commit is forgotten.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 
-from sql import DatabaseUnavailable, FencedOut, Settings, transitions
+from sql import DatabaseUnavailable, FencedOut, InvalidInput, Settings, transitions
 from sql.scheduling import backend_pid, connection
 from sql.transitions import Claim
 
 log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BATCH = 10
+MAX_BATCH_LIMIT = 1000  # what pgd_claim_batch and pgd_complete_batch accept
+
+
+def check_max_batch(max_batch: int) -> int:
+    """``max_batch`` if it is an int in 1..MAX_BATCH_LIMIT.
+
+    Raises:
+        InvalidInput: otherwise.
+    """
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) \
+            or not 1 <= max_batch <= MAX_BATCH_LIMIT:
+        raise InvalidInput(f"max batch must be an integer from 1 to {MAX_BATCH_LIMIT}, "
+                           f"got {max_batch!r}")
+    return max_batch
 
 
 class Claimer:
@@ -36,11 +63,14 @@ class Claimer:
         launch: hands a Claim to the executor, with the ``time.monotonic()`` at which the
             request that granted its lease was sent.
         is_draining: when true, nothing more is claimed.
+        max_batch: most builds claimed in one transaction (1: one claim per transaction).
+    Raises:
+        InvalidInput: ``max_batch`` outside 1..1000.
     """
 
     def __init__(self, pool, settings: Settings, *, runner_id: int, pool_ids: list[int],
                  free_slots: Callable[[], int], launch: Callable[[Claim, float], None],
-                 is_draining: Callable[[], bool]):
+                 is_draining: Callable[[], bool], max_batch: int = DEFAULT_MAX_BATCH):
         self.pool = pool
         self.settings = settings
         self.runner_id = runner_id
@@ -48,9 +78,11 @@ class Claimer:
         self.free_slots = free_slots
         self.launch = launch
         self.is_draining = is_draining
+        self.max_batch = check_max_batch(max_batch)
         self._lock = threading.Lock()
         self._again = False
-        # claim token -> server session (pid) of the claim whose answer was lost
+        # claim token -> server session (pid) of the claim whose answer was lost; a lost
+        # batch leaves all of its tokens here, with the one session they shared
         self._pending: dict[str, int | None] = {}
 
     def fill(self) -> int:
@@ -78,47 +110,101 @@ class Claimer:
 
     def _fill_once(self) -> int:
         launched = self._recover_pending()
+        # Batches per round are bounded (twice what filling the slots free now would take),
+        # so a round that keeps finding fresh slots (jobs that end at once) still ends.
+        batches_left = 0
+        if self.max_batch > 1:
+            batches_left = 2 * math.ceil(max(self.free_slots(), 1) / self.max_batch)
+        may_batch = batches_left > 0
         while not self.is_draining() and self.free_slots() > 0:
-            token = transitions.new_claim_token()
-            answered, claim = False, None
-            try:
-                with connection(self.pool) as conn:
-                    sent = time.monotonic()
-                    self._pending[token] = backend_pid(conn)
-                    claim = transitions.claim(conn, runner_id=self.runner_id,
-                                              pools=self.pool_ids, claim_token=token,
-                                              lease_seconds=self.settings.lease_seconds)
-                    del self._pending[token]
-                    answered = True
-            except DatabaseUnavailable:
-                if not answered:
-                    raise  # the token stays pending: the next run asks whether it committed
-                # answered, then the connection failed on its way back to the pool: still ours
-            if claim is None:
-                break
-            log.info("claimed job %d attempt %d (generation %d)%s: %s", claim.job_id,
-                     claim.attempt_no, claim.generation,
-                     f" for target {claim.target_id}" if claim.is_deployment else "",
-                     " ".join(claim.command)[:200])
-            self.launch(claim, sent)
-            launched += 1
+            claims = self._claim([transitions.new_claim_token()])
+            if not claims:
+                break  # nothing eligible at all
+            launched += len(claims)
+            while may_batch and batches_left > 0 and not self.is_draining():
+                want = min(self.free_slots(), self.max_batch)
+                if want < 2:
+                    break
+                batches_left -= 1
+                claims = self._claim([transitions.new_claim_token() for _ in range(want)])
+                launched += len(claims)
+                if not claims:
+                    may_batch = False  # no build is claimable: what is left needs a claim
+                if len(claims) < want:
+                    break  # that (project, pool) ran dry or hit a limit: the fair pick again
         return launched
 
+    def _claim(self, tokens: list[str]) -> list[Claim]:
+        """One claim transaction: ``claim`` for one token, ``claim_batch`` for more; launches
+        what it got and returns it.
+
+        Raises:
+            DatabaseUnavailable: no answer came; every token stays pending for recovery.
+        """
+        answered, claims = False, []
+        try:
+            with connection(self.pool) as conn:
+                sent = time.monotonic()
+                # Recorded before the request leaves: if its answer is lost, each token is
+                # looked up by the next run (_recover_pending).
+                session = backend_pid(conn)
+                for token in tokens:
+                    self._pending[token] = session
+                if len(tokens) == 1:
+                    claim = transitions.claim(conn, runner_id=self.runner_id,
+                                              pools=self.pool_ids, claim_token=tokens[0],
+                                              lease_seconds=self.settings.lease_seconds)
+                    claims = [] if claim is None else [claim]
+                else:
+                    claims = transitions.claim_batch(conn, runner_id=self.runner_id,
+                                                     pools=self.pool_ids, claim_tokens=tokens,
+                                                     lease_seconds=self.settings.lease_seconds)
+                for token in tokens:
+                    del self._pending[token]
+                answered = True
+        except DatabaseUnavailable:
+            if not answered:
+                raise  # the tokens stay pending: the next run asks whether they committed
+            # answered, then the connection failed on its way back to the pool: still ours
+        for claim in claims:
+            log.info("claimed job %d attempt %d (generation %d)%s%s: %s", claim.job_id,
+                     claim.attempt_no, claim.generation,
+                     f" for target {claim.target_id}" if claim.is_deployment else "",
+                     f" in a batch of {len(claims)}" if len(tokens) > 1 else "",
+                     " ".join(claim.command)[:200])
+            self.launch(claim, sent)
+        return claims
+
     def _recover_pending(self) -> int:
-        """Ask whether claims whose answer was lost committed; run those that did."""
+        """Ask whether claims whose answer was lost committed; run those that did (hand them
+        back when draining). Each lost session is settled once, however many tokens it
+        carried.
+
+        Raises:
+            DatabaseUnavailable: the database could not answer; what is left stays pending.
+        """
         launched = 0
+        settled: set[int] = set()
         for token, session in list(self._pending.items()):
             with connection(self.pool) as conn:
-                found = transitions.recover_claim(conn, claim_token=token, backend_pid=session)
+                found = transitions.recover_claim(
+                    conn, claim_token=token,
+                    backend_pid=None if session is None or session in settled else session)
+                if session is not None:
+                    settled.add(session)
                 if found is None:
                     log.info("claim %s did not commit", token)
                     del self._pending[token]
                     continue
                 claim, state = found
-                if state != "running" or self.is_draining():
-                    # Already ended (expired), or we are stopping: the expiry pass re-queues it.
+                if state != "running":
+                    # Already ended (expired, cancelled): nothing of it is ours to run.
                     log.info("claim %s committed as job %d attempt %d, now %s; not running it",
                              token, claim.job_id, claim.attempt_no, state)
+                    del self._pending[token]
+                    continue
+                if self.is_draining():
+                    self._hand_back(conn, claim)
                     del self._pending[token]
                     continue
                 # Its lease may be nearly gone: renew it before running, so the self-fencing
@@ -139,3 +225,16 @@ class Claimer:
             launched += 1
         return launched
 
+    def _hand_back(self, conn, claim: Claim) -> None:
+        """Give a recovered claim back unrun (we are stopping): the job is re-queued, not
+        failed, and a deployment's target is freed, since its command never started."""
+        try:
+            transitions.complete(conn, attempt_id=claim.attempt_id, generation=claim.generation,
+                                 outcome="handed_back", receipt_key=claim.receipt_key,
+                                 error="scheduler stopping; recovered claim handed back unrun",
+                                 backoff_base_seconds=self.settings.backoff_base_seconds,
+                                 backoff_cap_seconds=self.settings.backoff_cap_seconds)
+            log.info("claim %s committed as job %d attempt %d; handed back (draining)",
+                     claim.claim_token, claim.job_id, claim.attempt_no)
+        except FencedOut:
+            log.info("claim %s committed but was fenced out since", claim.claim_token)

@@ -32,8 +32,8 @@ from sql.scheduling import connection, make_scheduler_pool, runner_pool_ids
 from sql.transitions import Claim
 
 from . import expiry, runner_row, summaries
-from .claiming import Claimer
-from .executor import Execution, ExecutionResult, fence_margin_seconds
+from .claiming import DEFAULT_MAX_BATCH, Claimer, check_max_batch
+from .executor import CompletionReporter, Execution, ExecutionResult, fence_margin_seconds
 from .periodic import Periodic
 from .watchdog import Watchdog
 
@@ -57,13 +57,19 @@ class Scheduler:
         slots: how many jobs it runs at once.
         name: runner name (default ``hostname:pid``).
         kill_grace_seconds: between SIGTERM and SIGKILL when a job's command is stopped.
+        max_batch: most builds claimed, and most outcomes reported, in one transaction
+            (``--max-batch``, default 10; 1: one job per transaction). See claiming.py and
+            executor.CompletionReporter.
         on_claimed(claim), on_started(claim, pid), on_completed(ExecutionResult): test
             signals, called from worker threads (River-style): wait on them instead of
             sleeping. on_completed is called for every claim, reported or not.
+    Raises:
+        InvalidInput: ``max_batch`` outside 1..1000.
     """
 
     def __init__(self, settings: Settings, *, database_url: str, pools: list[str], slots: int,
                  name: str | None = None, kill_grace_seconds: float = 5.0,
+                 max_batch: int = DEFAULT_MAX_BATCH,
                  on_claimed: Callable[[Claim], None] | None = None,
                  on_started: Callable[[Claim, int], None] | None = None,
                  on_completed: Callable[[ExecutionResult], None] | None = None):
@@ -73,6 +79,7 @@ class Scheduler:
         self.slots = slots
         self.name = name or default_runner_name()
         self.kill_grace_seconds = kill_grace_seconds
+        self.max_batch = check_max_batch(max_batch)
         self.on_claimed = on_claimed
         self.on_started = on_started
         self.on_completed = on_completed
@@ -81,6 +88,7 @@ class Scheduler:
         self._db = None
         self._aps: BackgroundScheduler | None = None
         self._claimer: Claimer | None = None
+        self._reporter: CompletionReporter | None = None
         self._active: dict[int, Execution] = {}  # attempt id -> execution
         self._watchdog: Watchdog | None = None
         self._changed = threading.Condition()
@@ -115,9 +123,10 @@ class Scheduler:
             self._close_watchdog()
             raise
         s = self.settings
+        self._reporter = CompletionReporter(self._db, s, max_batch=self.max_batch)
         self._claimer = Claimer(self._db, s, runner_id=self.runner_id, pool_ids=self.pool_ids,
                                 free_slots=self.free_slots, launch=self._launch,
-                                is_draining=lambda: self._is_draining)
+                                is_draining=lambda: self._is_draining, max_batch=self.max_batch)
         aps = BackgroundScheduler(
             timezone=dt.timezone.utc, executors={"default": ThreadPoolExecutor(max_workers=8)},
             job_defaults={"coalesce": True, "misfire_grace_time": None})
@@ -141,9 +150,9 @@ class Scheduler:
                         max_instances=4, **kwargs)
         aps.start()
         self._aps = aps
-        log.info("scheduler %s (runner %d) serving %s with %d slots; lease %g s, heartbeat %g s",
-                 self.name, self.runner_id, ", ".join(self.pools), self.slots, s.lease_seconds,
-                 s.heartbeat_seconds)
+        log.info("scheduler %s (runner %d) serving %s with %d slots; lease %g s, heartbeat %g s, "
+                 "batches of up to %d", self.name, self.runner_id, ", ".join(self.pools),
+                 self.slots, s.lease_seconds, s.heartbeat_seconds, self.max_batch)
         return True
 
     def _register(self, stop_event: threading.Event) -> bool:
@@ -257,7 +266,7 @@ class Scheduler:
         execution = Execution(claim, pool=self._db, settings=self.settings, sent_at=sent_at,
                               kill_grace_seconds=self.kill_grace_seconds,
                               on_started=self.on_started, on_completed=self._completed,
-                              watchdog=self._watchdog)
+                              watchdog=self._watchdog, reporter=self._reporter)
         with self._changed:
             self._active[claim.attempt_id] = execution
             self._changed.notify_all()
@@ -306,7 +315,7 @@ def _install_signal_handlers(stop_event: threading.Event,
 
 def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
         name: str | None = None, grace_seconds: float = 30.0,
-        stop_event: threading.Event | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH, stop_event: threading.Event | None = None,
         watch: Callable[[Scheduler], None] | None = None) -> int:
     """Run a scheduler until SIGTERM/SIGINT (or ``stop_event``), then drain and stop.
 
@@ -315,12 +324,14 @@ def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
     running jobs before handing them back (see the module docstring). Signal handlers are
     installed only when called from the main thread. ``watch(scheduler)`` is called before
     it starts (``scheduler.metrics.Exporter.watch``: this process's metrics endpoint).
+    ``max_batch``: most builds claimed, and most outcomes reported, in one transaction
+    (1 turns batching off).
 
     Returns:
         0, the process exit code, once stopped.
     Raises:
-        NotFound: a pool name is unknown. InvalidInput: bad slots or name. (Nothing is then
-        written.)
+        NotFound: a pool name is unknown. InvalidInput: bad slots, name or max_batch.
+        (Nothing is then written.)
     """
     if logging.getLogger("apscheduler").level == logging.NOTSET:
         # APScheduler logs every run of every job at INFO: several lines a second here.
@@ -330,7 +341,7 @@ def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
     restore = _install_signal_handlers(stop_event, hurry)
     try:
         scheduler = Scheduler(settings, database_url=database_url, pools=pools, slots=slots,
-                              name=name)
+                              name=name, max_batch=max_batch)
         if watch is not None:
             watch(scheduler)
         if not scheduler.start(stop_event=stop_event):

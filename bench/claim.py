@@ -9,6 +9,9 @@ Each run gets a fresh database (a copy of a migrated template) with one organiza
 pool and ``--projects`` projects (each granted the pool), then ``--jobs`` queued no-op jobs
 (``["true"]``), spread round-robin over the projects and bulk-inserted with one
 ``INSERT ... SELECT generate_series`` (the SQL is here: benchmark set-up, not production).
+Before those, ``--warmup`` jobs (2,000) are run to completion in batches and every table is
+analyzed, untimed, so that the run starts from a queue with history and current planner
+statistics (see ``prepare``).
 ``clients`` worker processes (``multiprocessing``, spawned) each open their own connection,
 register their own runner row (``sql.transitions.register_runner``) and wait on a start
 barrier; then each loops a *cycle* until no queued job is left. The clock runs from the
@@ -169,6 +172,7 @@ class Bench:
     tpcb_seconds: float = 10.0
     tpcb_scale: int = 16
     pgqueuer_batch: int = 10
+    warmup: int = 2000
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
     cleanups: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 
@@ -201,20 +205,42 @@ def config_text(limit: dict[str, int], projects: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def prepare(url: str, *, jobs: int, projects: int, limit: dict[str, int]) -> list[int]:
-    """Apply the config and insert ``jobs`` queued no-op jobs; returns the pool ids."""
+def prepare(url: str, *, jobs: int, projects: int, limit: dict[str, int], warmup: int = 0) -> list[int]:
+    """Apply the config and insert ``jobs`` queued no-op jobs; returns the pool ids.
+
+    With ``warmup`` > 0, that many more jobs are queued first and run through claim_batch /
+    complete_batch (50 at a time) before the timed run, then every table is analyzed: the
+    run then starts with a history and planner statistics that describe a queue in service,
+    not an empty install. (PL/pgSQL caches a plan per session; one made while ``attempts``
+    held a few rows would scan it sequentially until autovacuum's ANALYZE, which on a live
+    system follows within about a minute; a run of seconds on a fresh database never gets
+    there.)
+    """
     with db.connect(url, application_name="bench-setup") as conn:
         config.apply_config(conn, config_text(limit, projects), actor="bench", env={})
         project_ids = [r["id"] for r in conn.execute("SELECT id FROM projects ORDER BY id")]
         pool_id = conn.execute("SELECT id FROM pools WHERE name = %s", (POOL,)).fetchone()["id"]
+        if warmup:
+            conn.execute(INSERT_QUEUED_JOBS, {"project_ids": project_ids, "pool_id": pool_id, "jobs": warmup})
+            conn.execute("ANALYZE")
+            runner_id = transitions.register_runner(conn, name="bench-warmup", pools=[POOL], slots=50,
+                                                    hostname="bench", pid=os.getpid())
+            while claims := transitions.claim_batch(
+                    conn, runner_id=runner_id, pools=[pool_id], lease_seconds=60,
+                    claim_tokens=[transitions.new_claim_token() for _ in range(50)]):
+                transitions.complete_batch(conn, items=[
+                    {"attempt_id": c.attempt_id, "generation": c.generation, "outcome": "succeeded",
+                     "exit_code": 0, "receipt_key": c.receipt_key} for c in claims])
+            transitions.stop_runner(conn, runner_id=runner_id)
         conn.execute(INSERT_QUEUED_JOBS, {"project_ids": project_ids, "pool_id": pool_id, "jobs": jobs})
-        conn.execute("VACUUM ANALYZE jobs")
+        conn.execute("VACUUM ANALYZE")
         return [pool_id]
 
 
 def check_done(url: str, jobs: int) -> dict[str, int]:
     """Verify a run: every job succeeded once, with one attempt and one receipt, and every
-    capacity counter is back to 0. Raises AssertionError otherwise."""
+    capacity counter is back to 0. Raises AssertionError otherwise. ``jobs`` counts every
+    job in the database, warm-up included."""
     with db.connect(url, application_name="bench-check") as conn:
         row = conn.execute(CHECK_DONE).fetchone()
     expected = {"succeeded": jobs, "jobs": jobs, "attempts": jobs, "receipts": jobs, "running": 0}
@@ -407,13 +433,14 @@ def run_pgdispatch(bench: Bench, clients: int, *, cycle_name: str, binding: bool
     """One timed run of a pgdispatch cycle at ``clients`` loops on a fresh database."""
     limit = limits(clients, binding=binding)
     with scratch_database(bench.server_url, "pgd_bench_claim", template=bench.template) as url:
-        pool_ids = prepare(url, jobs=bench.jobs, projects=bench.projects, limit=limit)
+        pool_ids = prepare(url, jobs=bench.jobs, projects=bench.projects, limit=limit,
+                           warmup=bench.warmup)
         workers = run_processes(
             pgdispatch_worker,
             [(url, i, cycle_name, pool_ids, bench.lease_seconds, bench.idle_seconds)
              for i in range(clients)],
             timeout_seconds=bench.timeout_seconds)
-        check_done(url, bench.jobs)
+        check_done(url, bench.jobs + bench.warmup)
     return throughput(series, clients, bench.jobs, workers, limits=limit,
                       empty_claims=sum(w["empty_claims"] for w in workers))
 

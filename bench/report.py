@@ -86,6 +86,8 @@ def parse(argv: Sequence[str], *, prog: str, only: Sequence[str] | None,
     p.add_argument("--projects", type=int, default=4, help="pgdispatch projects the jobs spread over")
     p.add_argument("--idle-seconds", type=float, default=0.001,
                    help="pause of a pgdispatch loop whose claim found nothing (seconds)")
+    p.add_argument("--warmup", type=int, default=2000,
+                   help="jobs each pgdispatch run completes, then ANALYZE, before its clock starts")
     p.add_argument("--pgqueuer-batch", type=int, default=10, help="PGQueuer dequeue batch size")
     p.add_argument("--tpcb-seconds", type=float, help="duration of each tpcb-like run (seconds)")
     p.add_argument("--tpcb-scale", type=int, help="pgbench -i scale (default: the largest N)")
@@ -199,7 +201,7 @@ def run(opts: argparse.Namespace, *, command: Sequence[str]) -> dict[str, Any]:
         "created_at": started_at.isoformat(timespec="seconds"),
         "command": list(command), "quick": opts.quick, "machine": machine(), "versions": vers,
         "params": {k: getattr(opts, k) for k in (
-            "clients", "repeats", "jobs", "projects", "idle_seconds", "pgqueuer_batch",
+            "clients", "repeats", "jobs", "warmup", "projects", "idle_seconds", "pgqueuer_batch",
             "tpcb_seconds", "tpcb_scale", "history", "queued_sizes", "latency_claims")},
         "series": {s.name: {"label": s.label.format(**label_values), "kind": s.kind} for s in series},
         "unavailable": unavailable, "runs": [], "errors": [], "latency": [],
@@ -211,7 +213,8 @@ def run(opts: argparse.Namespace, *, command: Sequence[str]) -> dict[str, Any]:
         bench = Bench(server_url=url, server_kind=kind, template=make_template(url), jobs=opts.jobs,
                       projects=opts.projects, idle_seconds=opts.idle_seconds,
                       timeout_seconds=opts.timeout_seconds, tpcb_seconds=opts.tpcb_seconds,
-                      tpcb_scale=opts.tpcb_scale, pgqueuer_batch=opts.pgqueuer_batch)
+                      tpcb_scale=opts.tpcb_scale, pgqueuer_batch=opts.pgqueuer_batch,
+                      warmup=opts.warmup)
         try:
             for repeat in range(opts.repeats):
                 for n in opts.clients:

@@ -329,6 +329,10 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
               envvar="PGDISPATCH_MAX_BATCH",
               help="Most builds claimed, and most outcomes reported, in one transaction "
                    "(1: one job per transaction). Env: PGDISPATCH_MAX_BATCH.")
+@click.option("--listen/--no-listen", default=True, show_default=True, envvar="PGDISPATCH_LISTEN",
+              help="Also wake on NOTIFY when a job of these pools becomes claimable (polling "
+                   "stays). --no-listen behind PgBouncer in transaction pooling. "
+                   "Env: PGDISPATCH_LISTEN.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               envvar="PGDISPATCH_METRICS_PORT",
               help="Serve this process's Prometheus metrics on this port (0: any free port, "
@@ -339,7 +343,7 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
                    "Env: PGDISPATCH_METRICS_ADDR.")
 @click.pass_obj
 def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | None,
-                  grace_seconds: float, max_batch: int, metrics_port: int | None,
+                  grace_seconds: float, max_batch: int, listen: bool, metrics_port: int | None,
                   metrics_addr: str) -> None:
     """Run a scheduler process until SIGTERM/SIGINT."""
     logging.getLogger().setLevel(logging.INFO)
@@ -353,7 +357,7 @@ def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | 
         watch = Exporter(port=metrics_port, addr=metrics_addr).watch
     code = scheduler_main.run(obj.settings, database_url=obj.url, pools=list(pools), slots=slots,
                               name=name, grace_seconds=grace_seconds, max_batch=max_batch,
-                              watch=watch)
+                              listen=listen, watch=watch)
     sys.exit(code)
 
 

@@ -1,5 +1,5 @@
 """``python -m scheduler --pool Q [--pool Q2] --slots N [--name NAME] [--grace-seconds S]
-[--max-batch N]``:
+[--max-batch N] [--no-listen]``:
 the same flags as ``pgdispatch scheduler``, settings from the environment (Settings.from_env)."""
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name")
     parser.add_argument("--grace-seconds", type=float, default=30.0)
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
+    parser.add_argument("--listen", action=argparse.BooleanOptionalAction, default=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = Settings.from_env()
         return run(settings, database_url=database_url(settings), pools=args.pools,
                    slots=args.slots, name=args.name, grace_seconds=args.grace_seconds,
-                   max_batch=args.max_batch)
+                   max_batch=args.max_batch, listen=args.listen)
     except PgDispatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -28,7 +28,7 @@ from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from sql import DatabaseUnavailable, Settings, transitions
-from sql.scheduling import connection, make_scheduler_pool, runner_pool_ids
+from sql.scheduling import connection, listen_for_work, make_scheduler_pool, runner_pool_ids
 from sql.transitions import Claim
 
 from . import expiry, runner_row, summaries
@@ -60,6 +60,9 @@ class Scheduler:
         max_batch: most builds claimed, and most outcomes reported, in one transaction
             (``--max-batch``, default 10; 1: one job per transaction). See claiming.py and
             executor.CompletionReporter.
+        listen: also wake the claim job when a job of its pools becomes claimable (LISTEN,
+            sql.scheduling.listen_for_work; ``--no-listen`` turns it off, e.g. behind
+            PgBouncer in transaction pooling). Polling every claim interval stays either way.
         on_claimed(claim), on_started(claim, pid), on_completed(ExecutionResult): test
             signals, called from worker threads (River-style): wait on them instead of
             sleeping. on_completed is called for every claim, reported or not.
@@ -69,7 +72,7 @@ class Scheduler:
 
     def __init__(self, settings: Settings, *, database_url: str, pools: list[str], slots: int,
                  name: str | None = None, kill_grace_seconds: float = 5.0,
-                 max_batch: int = DEFAULT_MAX_BATCH,
+                 max_batch: int = DEFAULT_MAX_BATCH, listen: bool = True,
                  on_claimed: Callable[[Claim], None] | None = None,
                  on_started: Callable[[Claim, int], None] | None = None,
                  on_completed: Callable[[ExecutionResult], None] | None = None):
@@ -80,6 +83,7 @@ class Scheduler:
         self.name = name or default_runner_name()
         self.kill_grace_seconds = kill_grace_seconds
         self.max_batch = check_max_batch(max_batch)
+        self.listen = listen
         self.on_claimed = on_claimed
         self.on_started = on_started
         self.on_completed = on_completed
@@ -94,6 +98,8 @@ class Scheduler:
         self._changed = threading.Condition()
         self._is_draining = False
         self._is_closed = False
+        self._listener: threading.Thread | None = None
+        self._listener_stop = threading.Event()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -150,6 +156,11 @@ class Scheduler:
                         max_instances=4, **kwargs)
         aps.start()
         self._aps = aps
+        if self.listen:
+            self._listener = threading.Thread(
+                target=listen_for_work, name="wakeup-listener", daemon=True,
+                args=(self.database_url, self.pool_ids, self.wake_claimer, self._listener_stop))
+            self._listener.start()
         log.info("scheduler %s (runner %d) serving %s with %d slots; lease %g s, heartbeat %g s, "
                  "batches of up to %d", self.name, self.runner_id, ", ".join(self.pools),
                  self.slots, s.lease_seconds, s.heartbeat_seconds, self.max_batch)
@@ -178,6 +189,9 @@ class Scheduler:
             return
         self.drain(grace_seconds=grace_seconds, hurry=hurry)
         self._is_closed = True
+        self._listener_stop.set()
+        if self._listener is not None:
+            self._listener.join(timeout=5)
         if self._aps is not None:
             self._aps.shutdown(wait=True)
         if self.runner_id is not None:
@@ -315,7 +329,8 @@ def _install_signal_handlers(stop_event: threading.Event,
 
 def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
         name: str | None = None, grace_seconds: float = 30.0,
-        max_batch: int = DEFAULT_MAX_BATCH, stop_event: threading.Event | None = None,
+        max_batch: int = DEFAULT_MAX_BATCH, listen: bool = True,
+        stop_event: threading.Event | None = None,
         watch: Callable[[Scheduler], None] | None = None) -> int:
     """Run a scheduler until SIGTERM/SIGINT (or ``stop_event``), then drain and stop.
 
@@ -325,7 +340,7 @@ def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
     installed only when called from the main thread. ``watch(scheduler)`` is called before
     it starts (``scheduler.metrics.Exporter.watch``: this process's metrics endpoint).
     ``max_batch``: most builds claimed, and most outcomes reported, in one transaction
-    (1 turns batching off).
+    (1 turns batching off). ``listen``: wake on NOTIFY as well as polling (see Scheduler).
 
     Returns:
         0, the process exit code, once stopped.
@@ -341,7 +356,7 @@ def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
     restore = _install_signal_handlers(stop_event, hurry)
     try:
         scheduler = Scheduler(settings, database_url=database_url, pools=pools, slots=slots,
-                              name=name, max_batch=max_batch)
+                              name=name, max_batch=max_batch, listen=listen)
         if watch is not None:
             watch(scheduler)
         if not scheduler.start(stop_event=stop_event):

@@ -9,17 +9,24 @@ connection in time, or a server that refuses connections must all surface here a
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from .db import make_pool, transition
+from .db import connect, make_pool, transition
 from .errors import DatabaseUnavailable, NotFound, translate
 from .queries import Q
 
-__all__ = ["backend_pid", "connection", "make_scheduler_pool", "runner_pool_ids"]
+log = logging.getLogger(__name__)
+
+__all__ = ["WAKEUP_CHANNEL", "backend_pid", "connection", "listen_for_work", "make_scheduler_pool",
+           "runner_pool_ids"]
+
+WAKEUP_CHANNEL = "pgdispatch_queued"  # migrations/0006_wakeups.sql; payload: the pool id
 
 
 def make_scheduler_pool(url: str, *, slots: int, timeout_seconds: float = 2.0) -> ConnectionPool:
@@ -79,3 +86,46 @@ def runner_pool_ids(conn, *, runner_id: int) -> list[int]:
     if pool_ids is None:
         raise NotFound(f"unknown runner {runner_id}")
     return list(pool_ids)
+
+
+def listen_for_work(url: str, pool_ids: list[int], on_work: Callable[[], None],
+                    stop: threading.Event, *, poll_seconds: float = 1.0,
+                    max_backoff_seconds: float = 30.0) -> None:
+    """Until ``stop`` is set: LISTEN on WAKEUP_CHANNEL over a connection of its own and call
+    ``on_work()`` whenever a job of one of ``pool_ids`` became claimable (NOTIFY from
+    migrations/0006_wakeups.sql), and once after every (re)connection, since notifications
+    sent while not listening are lost (PostgreSQL docs, LISTEN). Checks ``stop`` every
+    ``poll_seconds``. A broken connection is reopened after a backoff doubling from 0.5 s to
+    ``max_backoff_seconds``. Never raises; ``on_work``'s exceptions are logged.
+
+    The connection must be a real session: behind PgBouncer in transaction pooling LISTEN
+    silently hears nothing (route it to session pooling, or run the scheduler with
+    ``--no-listen`` and rely on polling; docs/operations.md).
+    """
+    wanted = {str(p) for p in pool_ids}
+    delay = 0.5
+    while not stop.is_set():
+        try:
+            with connect(url, application_name="pgdispatch-listener") as conn:
+                conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
+                delay = 0.5
+                _call(on_work)
+                while not stop.is_set():
+                    for note in conn.notifies(timeout=poll_seconds):
+                        if note.payload in wanted:
+                            _call(on_work)
+                        if stop.is_set():
+                            break
+        except (psycopg.Error, DatabaseUnavailable) as exc:
+            log.warning("wake-up listener: %s; listening again in %.1f s",
+                        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                        delay)
+            stop.wait(delay)
+            delay = min(max_backoff_seconds, delay * 2)
+
+
+def _call(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - the listener outlives a failed wake-up
+        log.exception("wake-up callback failed")

@@ -8,6 +8,7 @@ import sys
 # sub-command name -> module with main(argv) -> int, or "module:function" with that signature
 BENCHMARKS = {
     "fairness": "bench.fairness",
+    "notify": "bench.notify",
     # throughput (claim + peers + ceiling, alternated on one server), latency, then the report
     "all": "bench.report:main_all",
     # the parts of "all", one at a time, and the re-print of a saved report
@@ -16,6 +17,7 @@ BENCHMARKS = {
     "ceiling": "bench.ceiling",
     "latency": "bench.latency",
     "report": "bench.report",
+    "costs": "bench.costs",
 }
 # what `python -m bench` with no name runs (the parts of "all" are not run twice)
 DEFAULT = ("fairness", "all")

@@ -26,8 +26,9 @@ Cycles (``@cycle`` registers one; each becomes two series, limits free and limit
   bumped, attempt row inserted) then ``sql.transitions.complete`` with outcome ``succeeded``
   and the claim's receipt key (delivery receipt written, capacity released).
 
-* ``pgdispatch-batch10`` — the batched transitions (``claim_batch`` of up to 10 jobs of one
-  project and pool, then ``complete_batch`` of them), with the same guarantees.
+* ``pgdispatch-batch10``, ``pgdispatch-batch50`` — the batched transitions (``claim_batch``
+  of up to 10 or 50 jobs of one project and pool, then ``complete_batch`` of them), with the
+  same guarantees: a scheduler with that many free slots.
 
 Limits: *free* sets organization ``max_running``, pool ``slots`` and every project's
 ``max_running`` to 100,000 (checked by every claim, never reached); *binding* sets the
@@ -311,19 +312,28 @@ def one_per_transaction(conn, loop: Loop) -> int:
     return 1
 
 
-@cycle("pgdispatch-batch10", label="pgdispatch 10 jobs/txn")
-def ten_per_transaction(conn, loop: Loop) -> int:
-    """Batched transitions (migrations/0003_batches.sql): claim up to 10 jobs of one
-    (project, pool) in one transaction, then complete them all in one transaction."""
-    claims = transitions.claim_batch(conn, runner_id=loop.runner_id, pools=loop.pool_ids,
-                                     claim_tokens=[transitions.new_claim_token() for _ in range(10)],
-                                     lease_seconds=loop.lease_seconds)
-    if not claims:
-        return 0
-    transitions.complete_batch(conn, items=[
-        {"attempt_id": c.attempt_id, "generation": c.generation, "outcome": "succeeded",
-         "exit_code": 0, "receipt_key": c.receipt_key} for c in claims])
-    return len(claims)
+def batched(size: int) -> Cycle:
+    """The batched transitions (claim_batch, migrations/0003; complete_batch, 0004): claim up
+    to ``size`` jobs of one (project, pool) in one transaction, then complete them all in one
+    — what a scheduler with ``size`` free slots does (scheduler/claiming.py)."""
+
+    def run(conn, loop: Loop) -> int:
+        claims = transitions.claim_batch(conn, runner_id=loop.runner_id, pools=loop.pool_ids,
+                                         claim_tokens=[transitions.new_claim_token() for _ in range(size)],
+                                         lease_seconds=loop.lease_seconds)
+        if not claims:
+            return 0
+        transitions.complete_batch(conn, items=[
+            {"attempt_id": c.attempt_id, "generation": c.generation, "outcome": "succeeded",
+             "exit_code": 0, "receipt_key": c.receipt_key} for c in claims])
+        return len(claims)
+
+    run.__doc__ = f"claim_batch of up to {size}, then complete_batch of what it got"
+    return run
+
+
+cycle("pgdispatch-batch10", label="pgdispatch 10 jobs/txn")(batched(10))
+cycle("pgdispatch-batch50", label="pgdispatch 50 jobs/txn")(batched(50))
 
 
 # --- worker processes ---------------------------------------------------------------------------

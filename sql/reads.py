@@ -60,13 +60,24 @@ def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str 
 @transition("overview")
 def overview(conn, *, live_seconds: float = 90.0) -> dict[str, Any]:
     """What the overview page shows: capacity per organization and pool, waiting jobs by
-    reason (from the queue summary, with its age in seconds), targets uncertain first."""
+    reason (from the queue summary, with its age in seconds), targets uncertain first, and
+    jobs by state: blocked and queued from the same summary, running and uncertain exact,
+    succeeded / failed / cancelled finished in the last hour.
+
+    Its cost does not grow with the queue or the history: every query reads the small tables,
+    the summary, or an index range bounded by capacity or by one hour of completions
+    (docs/benchmarks.md, "Latency at size")."""
     world = read_world(conn, live_seconds=live_seconds)
     summaries = list(Q.read_queue_summaries(conn))
     counts = summary_reason_counts(summaries, world)
     uncertain_jobs = sum(1 for t in world.targets.values() if t["state"] == "uncertain")
     counts["target_uncertain"] += uncertain_jobs
     ages = [s["age_seconds"] for s in summaries]
+    by_state = {
+        "blocked": sum(s["blocked_dependency"] + s["blocked_approval"] for s in summaries),
+        "queued": sum(s["queued_ready"] + s["queued_delayed"] for s in summaries),
+        **{r["state"]: r["n"] for r in Q.count_recent_jobs_by_state(conn)},
+    }
     return {
         "now": world.now,
         "organizations": list(world.organizations.values()),
@@ -74,7 +85,7 @@ def overview(conn, *, live_seconds: float = 90.0) -> dict[str, Any]:
         "targets": list(world.targets.values()),
         "reason_counts": counts,
         "summary_age_seconds": max(ages) if ages else None,
-        "jobs_by_state": {r["state"]: r["n"] for r in Q.count_jobs_by_state(conn)},
+        "jobs_by_state": by_state,
         "runners": list(Q.list_runners(conn, live_seconds=live_seconds)),
     }
 
@@ -109,4 +120,6 @@ def list_audit(conn, *, before_id: int = 2**63 - 1, limit: int = 100, actor: str
 def list_recent_jobs(conn, *, limit: int = 50, state: str | None = None,
                      before_id: int = 2**63 - 1) -> list[dict[str, Any]]:
     """The newest jobs of any state (or of ``state``) with ids below ``before_id``."""
-    return list(Q.list_recent_jobs(conn, limit=limit, state=state, before_id=before_id))
+    if state is None:
+        return list(Q.list_recent_jobs(conn, limit=limit, before_id=before_id))
+    return list(Q.list_recent_jobs_in_state(conn, limit=limit, state=state, before_id=before_id))

@@ -153,7 +153,8 @@ def test_unmigrated_database_says_so(server_url, tmp_path):
         up = subprocess.run([sys.executable, "-m", "pgdispatch", "db", "upgrade", "--json"], env=env,
                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
         assert up.returncode == 0 and json.loads(up.stdout)["applied"] == [
-            "0001_initial", "0002_transitions", "0003_batches", "0004_hot_path"]
+            "0001_initial", "0002_transitions", "0003_batches", "0004_hot_path", "0005_history",
+            "0006_wakeups"]
     finally:
         with db.connect(server_url) as c:
             c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

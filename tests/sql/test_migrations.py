@@ -14,7 +14,8 @@ from sql import db, migrate, transitions
 
 from ..conftest import with_database
 
-MIGRATIONS = ["0001_initial", "0002_transitions", "0003_batches", "0004_hot_path"]
+MIGRATIONS = ["0001_initial", "0002_transitions", "0003_batches", "0004_hot_path", "0005_history",
+             "0006_wakeups"]
 
 # DESIGN.md, "Entities and states"
 STATES = {

@@ -1,0 +1,105 @@
+"""Finished history stays out of the console's reads: the overview's counts and the jobs page
+by state read index ranges bounded by what they show, however many finished jobs there are
+(migrations/0005_history.sql; docs/benchmarks.md, "Latency at size")."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from sql import migrate, reads, transitions
+
+from .test_query_plan import explain, plan_nodes
+
+QUEUED = 3000
+FINISHED = 30000
+
+
+def statement(name: str) -> str:
+    """The named statement of sql/jobs.sql, its :parameters left in place."""
+    text = (migrate.MIGRATIONS_DIR.parent / "jobs.sql").read_text()
+    match = re.search(rf"-- name: {name}\n(?:--[^\n]*\n)*(.*?;)", text, re.S)
+    assert match, f"{name} not found in sql/jobs.sql"
+    return match.group(1).rstrip(";")
+
+
+@pytest.fixture
+def history(world):
+    """Queued jobs newer than many finished ones (1 % failed, 1 % cancelled), analyzed."""
+    world.setup()
+    c = world.conn
+    project, pool = c.execute("SELECT p.id AS p, q.id AS q FROM projects p, pools q "
+                              "WHERE p.name = 'web' AND q.name = 'linux'").fetchone().values()
+    c.execute("""
+        INSERT INTO jobs (project_id, pool_id, state, command, created_at, finished_at)
+        SELECT %(p)s, %(q)s, s.state, ARRAY['true'], now() - interval '2 days',
+               now() - interval '2 days' + g * interval '1 second'
+          FROM generate_series(1, %(n)s) g,
+               LATERAL (SELECT CASE g %% 100 WHEN 0 THEN 'failed' WHEN 1 THEN 'cancelled'
+                                             ELSE 'succeeded' END) s(state)""",
+              {"p": project, "q": pool, "n": FINISHED})
+    c.execute("INSERT INTO jobs (project_id, pool_id, state, command) "
+              "SELECT %s, %s, 'queued', ARRAY['true'] FROM generate_series(1, %s)",
+              (project, pool, QUEUED))
+    c.execute("ANALYZE jobs")
+    return {"project_id": project, "pool_id": pool}
+
+
+def assert_one_range_of_the_state_index(plan: dict) -> None:
+    nodes = list(plan_nodes(plan))
+    on_jobs = [n for n in nodes if n.get("Relation Name") == "jobs"]
+    assert [(n["Node Type"], n.get("Index Name"), n.get("Scan Direction")) for n in on_jobs] == [
+        ("Index Scan", "jobs_state_idx", "Backward")], json.dumps(plan, indent=1)
+    assert not any("Sort" in n["Node Type"] for n in nodes), json.dumps(plan, indent=1)
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+def test_jobs_in_one_state_read_one_range_of_the_state_index(conn, history, plan_cache_mode):
+    """Custom plans (the first calls of a connection) and the generic plan a prepared
+    statement may switch to; rare states (1 %) and common ones, at the top and deep down."""
+    sql = (statement("list_recent_jobs_in_state").replace(":state", "$1")
+           .replace(":before_id", "$2").replace(":limit", "$3"))
+    conn.execute(f"PREPARE recent(text, bigint, bigint) AS {sql}")
+    conn.execute(f"SET plan_cache_mode = {plan_cache_mode}")
+    for state, before_id in (("failed", 2**63 - 1), ("cancelled", 2**63 - 1), ("succeeded", 2**63 - 1),
+                             ("cancelled", FINISHED // 2), ("queued", 2**63 - 1)):
+        assert_one_range_of_the_state_index(explain(conn, f"EXECUTE recent('{state}', {before_id}, 50)"))
+
+
+def test_jobs_in_one_state_newest_first_and_paged(conn, history):
+    first = reads.list_recent_jobs(conn, state="failed", limit=50)
+    assert len(first) == 50 and {j["state"] for j in first} == {"failed"}
+    ids = [j["id"] for j in first]
+    assert ids == sorted(ids, reverse=True)
+    older = reads.list_recent_jobs(conn, state="failed", limit=50, before_id=ids[-1])
+    assert older and older[0]["id"] < ids[-1] and {j["state"] for j in older} == {"failed"}
+    assert [j["state"] for j in reads.list_recent_jobs(conn, limit=3)] == ["queued"] * 3
+
+
+def test_the_overview_counts_come_from_the_summary_and_bounded_ranges(conn, world, history):
+    runner = world.runner(slots=2)
+    claim = world.claim(runner)
+    world.complete(claim)                      # succeeded now: counted in the last hour
+    world.claim(runner)                        # running
+    world.job(requires_approval=True)          # blocked
+    transitions.summarize_queue(conn)
+    counts = reads.overview(conn)["jobs_by_state"]
+    assert counts == {"blocked": 1, "queued": QUEUED - 2, "running": 1, "uncertain": 0,
+                      "succeeded": 1, "failed": 0, "cancelled": 0}
+    plan = explain(conn, statement("count_recent_jobs_by_state"))
+    scans = [n for n in plan_nodes(plan) if n.get("Relation Name") == "jobs"]
+    assert scans and all(n["Node Type"] == "Index Scan" for n in scans), json.dumps(plan, indent=1)
+    assert {n["Index Name"] for n in scans} == {"jobs_active_idx", "jobs_finished_idx"}
+
+
+def test_exact_counts_by_state_still_count_every_state(conn, world, history):
+    """count_jobs_by_state (the demo's throttle) stays exact: every active state counted,
+    finished ones over the last hour."""
+    runner = world.runner(slots=2)
+    world.complete(world.claim(runner))
+    world.claim(runner)
+    counts = {r["state"]: r["n"] for r in conn.execute(statement("count_jobs_by_state"))}
+    assert counts == {"blocked": 0, "queued": QUEUED - 2, "running": 1, "uncertain": 0,
+                      "succeeded": 1, "failed": 0, "cancelled": 0}

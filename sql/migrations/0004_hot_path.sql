@@ -184,7 +184,10 @@ $$;
 -- pgd_claim_candidates as a plain SQL function (same signature, same rows, same order): the
 -- planner inlines it into the claim's query instead of running PL/pgSQL's RETURN QUERY into
 -- a tuplestore twice per claim, and a deployment's target is probed by primary key instead
--- of hashing the targets table for every candidate (docs/benchmarks.md, "Claim cost").
+-- of hashing the targets table for every candidate. OFFSET 0 keeps the EXISTS a probe of
+-- jobs_claim_idx per (project, pool): flattened into a semi-join, the planner built bitmaps
+-- over every index entry of the project, finished history included (2.5-68x slower claims
+-- with 10,000,000 finished jobs; docs/benchmarks.md, "Latency at size").
 CREATE OR REPLACE FUNCTION pgd_claim_candidates(p_pool_ids bigint[], p_org_id bigint)
 RETURNS TABLE (org_id bigint, project_id bigint, pool_id bigint)
 LANGUAGE sql STABLE AS $$
@@ -204,7 +207,8 @@ LANGUAGE sql STABLE AS $$
                       AND j.state = 'queued' AND j.ready_at <= now()
                       AND (j.target_id IS NULL
                            OR EXISTS (SELECT 1 FROM targets t
-                                       WHERE t.id = j.target_id AND t.state = 'free')))
+                                       WHERE t.id = j.target_id AND t.state = 'free'))
+                   OFFSET 0)
      ORDER BY p.running::float8 / p.weight, p.last_claimed_at NULLS FIRST, p.id, pp.pool_id
      LIMIT 16
 $$;

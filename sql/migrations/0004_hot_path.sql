@@ -184,10 +184,15 @@ $$;
 -- pgd_claim_candidates as a plain SQL function (same signature, same rows, same order): the
 -- planner inlines it into the claim's query instead of running PL/pgSQL's RETURN QUERY into
 -- a tuplestore twice per claim, and a deployment's target is probed by primary key instead
--- of hashing the targets table for every candidate. OFFSET 0 keeps the EXISTS a probe of
--- jobs_claim_idx per (project, pool): flattened into a semi-join, the planner built bitmaps
--- over every index entry of the project, finished history included (2.5-68x slower claims
--- with 10,000,000 finished jobs; docs/benchmarks.md, "Latency at size").
+-- of hashing the targets table for every candidate. The EXISTS is written as the claim's
+-- own selection (ORDER BY the claim index's order, LIMIT 1) and kept from being flattened
+-- (OFFSET 0), so that it stays a probe of jobs_claim_idx per (project, pool), evaluated once
+-- per candidate (it names p.id, so it runs after the join): flattened into a semi-join, the
+-- planner built bitmaps over every index entry of the project, finished history included
+-- (2.5-68x slower claims with 10,000,000 finished jobs); kept as a plain subplan without the
+-- ORDER BY, it chose a sequential scan of jobs, expecting a queued row within the first few
+-- (140 claims/s instead of 520 behind 2,000 finished jobs). docs/benchmarks.md, "Latency at
+-- size".
 CREATE OR REPLACE FUNCTION pgd_claim_candidates(p_pool_ids bigint[], p_org_id bigint)
 RETURNS TABLE (org_id bigint, project_id bigint, pool_id bigint)
 LANGUAGE sql STABLE AS $$
@@ -203,12 +208,13 @@ LANGUAGE sql STABLE AS $$
        AND q.running < q.slots
        AND EXISTS (SELECT 1
                      FROM jobs j
-                    WHERE j.project_id = pp.project_id AND j.pool_id = pp.pool_id
+                    WHERE j.project_id = p.id AND j.pool_id = pp.pool_id
                       AND j.state = 'queued' AND j.ready_at <= now()
                       AND (j.target_id IS NULL
                            OR EXISTS (SELECT 1 FROM targets t
                                        WHERE t.id = j.target_id AND t.state = 'free'))
-                   OFFSET 0)
+                    ORDER BY j.priority DESC, j.id
+                    LIMIT 1 OFFSET 0)
      ORDER BY p.running::float8 / p.weight, p.last_claimed_at NULLS FIRST, p.id, pp.pool_id
      LIMIT 16
 $$;

@@ -223,6 +223,16 @@ def limits(conn) -> dict[tuple[str, str], int]:
     return {(r["kind"], r["name"]): r["lim"] for r in rows}
 
 
+def attempt_shapes(conn) -> list[dict[str, Any]]:
+    """How many jobs had each history of attempts, as rows {"states": "failed:1,succeeded:2",
+    "n": ...} (each attempt's state and fence generation, in attempt order), sorted."""
+    return conn.execute("""
+        SELECT states, count(*) AS n FROM (
+            SELECT string_agg(state || ':' || generation, ',' ORDER BY attempt_no) AS states
+              FROM attempts GROUP BY job_id) s
+         GROUP BY 1 ORDER BY 1""").fetchall()
+
+
 # A deliberately broken claim. It judges eligibility, capacity and the target on a plain
 # read, widens the window with pg_sleep, then takes every reservation unconditionally, in
 # the documented lock order. With p_skip_locked it then takes a job of the chosen project

@@ -29,7 +29,7 @@ from pathlib import Path
 from sql import db, transitions
 
 from ..faults import consistency
-from .harness import Watcher, limits, max_overlaps, run_together
+from .harness import Watcher, attempt_shapes, limits, max_overlaps, run_together
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEDULERS = 6
@@ -137,12 +137,7 @@ def test_six_scheduler_processes_run_every_job_exactly_once_within_limits(world,
     # every job ended exactly once, as planned
     assert c.execute("SELECT state, count(*) AS n FROM jobs GROUP BY 1").fetchall() == [
         {"state": "succeeded", "n": JOBS}]
-    shapes = c.execute("""
-        SELECT states, count(*) AS n FROM (
-            SELECT string_agg(state || ':' || generation, ',' ORDER BY attempt_no) AS states
-              FROM attempts GROUP BY job_id) s
-         GROUP BY 1 ORDER BY 1""").fetchall()
-    assert shapes == [{"states": "failed:1,succeeded:2", "n": failing},
+    assert attempt_shapes(c) == [{"states": "failed:1,succeeded:2", "n": failing},
                       {"states": "succeeded:1", "n": JOBS - failing}]
     receipts = c.execute("SELECT count(*) AS n FROM delivery_receipts").fetchone()["n"]
     assert receipts == span["attempts"]

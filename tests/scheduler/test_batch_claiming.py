@@ -26,7 +26,7 @@ from scheduler.main import Scheduler
 from sql import DatabaseUnavailable, FencedOut, InvalidInput, db, transitions
 from sql.scheduling import make_scheduler_pool
 
-from ..concurrency.harness import Watcher, limits, max_overlaps
+from ..concurrency.harness import Watcher, attempt_shapes, limits, max_overlaps
 from ..faults import consistency
 from ..faults.conftest import upstream_of
 from ..faults.proxy import CommitDroppingProxy
@@ -454,12 +454,7 @@ def test_scheduler_processes_batching_never_exceed_a_limit(world, db_url, tmp_pa
 
     assert c.execute("SELECT state, count(*) AS n FROM jobs GROUP BY 1").fetchall() == [
         {"state": "succeeded", "n": PROCESS_JOBS}]
-    shapes = c.execute("""
-        SELECT states, count(*) AS n FROM (
-            SELECT string_agg(state || ':' || generation, ',' ORDER BY attempt_no) AS states
-              FROM attempts GROUP BY job_id) s
-         GROUP BY 1 ORDER BY 1""").fetchall()
-    assert shapes == [{"states": "failed:1,succeeded:2", "n": failing},
+    assert attempt_shapes(c) == [{"states": "failed:1,succeeded:2", "n": failing},
                       {"states": "succeeded:1", "n": PROCESS_JOBS - failing}]
     attempts = c.execute("SELECT count(*) AS n FROM attempts").fetchone()["n"]
     assert c.execute("SELECT count(*) AS n FROM delivery_receipts").fetchone()["n"] == attempts

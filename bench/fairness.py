@@ -127,9 +127,20 @@ def candidate_order() -> str:
     return " ".join(match.group(2).split())
 
 
+# pgd_fairer_candidate_exists answering "no" whatever the shares (same signature as 0007's)
+NO_FAIRNESS_RECHECK = """
+CREATE OR REPLACE FUNCTION pgd_fairer_candidate_exists(p_pool_ids bigint[], p_org_id bigint,
+    p_project_id bigint, p_running integer, p_weight integer)
+RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT false $$
+"""
+
+
 def install_global_order(conn) -> None:
-    """Make pgd_claim in this database a plain global priority/FIFO queue across projects."""
+    """Make pgd_claim in this database a plain global priority/FIFO queue across projects:
+    candidates in the head job's order, and no re-check of weighted shares under the project
+    row lock (migration 0007)."""
     conn.execute(variant_sql("pgd_claim_candidates", order_by=GLOBAL_ORDER))
+    conn.execute(NO_FAIRNESS_RECHECK)
 
 
 def install_single_read(conn) -> None:

@@ -1,5 +1,5 @@
 -- name: claim_next^
--- Reserve org, project and pool capacity in lock order, then take one job (SKIP LOCKED); see pgd_claim.
+-- Take one job (SKIP LOCKED), then reserve project, org and pool capacity in lock order; see pgd_claim (0007).
 SELECT * FROM pgd_claim(:runner_id, CAST(:pool_ids AS bigint[]), CAST(:claim_token AS uuid), :lease_seconds);
 
 -- name: find_claim^
@@ -54,6 +54,6 @@ SELECT * FROM pgd_claim_batch(:runner_id, CAST(:pool_ids AS bigint[]),
                               CAST(:claim_tokens AS uuid[]), :lease_seconds);
 
 -- name: complete_batch
--- Several outcomes in one transaction, rows locked in global lock order first; see pgd_complete_batch.
+-- Several outcomes in one transaction, in the global lock order (counter rows last); see pgd_complete_batch.
 SELECT pgd_complete_batch(CAST(:items AS jsonb), :backoff_base_seconds,
                           :backoff_cap_seconds) AS answer;

@@ -116,13 +116,17 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str) -> dict[str, int]:
         current = Q.get_project_organization(conn, name=p["name"])
         if current is not None and current != p["organization"]:
             raise InvalidInput(f"project {p['name']} belongs to {current}; it cannot move to {p['organization']}")
-    # Rows are written in the documented lock order (organizations, then projects, then
-    # pools), each kind sorted by name, because an upsert locks its row even when nothing
-    # changes; a different order deadlocks against claims and completions.
+    # The existing rows are locked first, in the documented lock order (projects, then
+    # organizations, then pools, each kind by id), because an upsert locks its row even when
+    # nothing changes; upserting in another order deadlocks against claims and completions.
+    # The upserts that follow wait for nothing: each row is either locked already or new.
+    projects = sorted(cfg["projects"], key=lambda e: e["name"])
+    list(Q.lock_declared_projects(conn, names=[p["name"] for p in projects]))
+    list(Q.lock_declared_organizations(conn, names=[o["name"] for o in cfg["organizations"]]))
+    list(Q.lock_declared_pools(conn, names=[p["name"] for p in cfg["pools"]]))
     changed = 0
     for o in sorted(cfg["organizations"], key=lambda e: e["name"]):
         changed += Q.upsert_organization(conn, name=o["name"], max_running=o["max_running"])
-    projects = sorted(cfg["projects"], key=lambda e: e["name"])
     for p in projects:
         changed += Q.upsert_project(conn, name=p["name"], organization=p["organization"],
                                     weight=p["weight"], max_running=p["max_running"])

@@ -64,3 +64,16 @@ UPDATE api_tokens t SET last_used_at = now()
  WHERE t.token_hash = :token_hash AND t.revoked_at IS NULL
    AND u.id = t.user_id AND u.disabled_at IS NULL
 RETURNING u.id, u.username, u.role;
+
+-- name: lock_declared_projects
+-- Lock the existing projects a config names, by id: the first rows of the lock order
+-- (projects, organizations, pools); upserts lock their rows even when nothing changes.
+SELECT id FROM projects WHERE name = ANY (CAST(:names AS text[])) ORDER BY id FOR NO KEY UPDATE;
+
+-- name: lock_declared_organizations
+-- Lock the existing organizations a config names, by id (after its projects).
+SELECT id FROM organizations WHERE name = ANY (CAST(:names AS text[])) ORDER BY id FOR NO KEY UPDATE;
+
+-- name: lock_declared_pools
+-- Lock the existing pools a config names, by id (after its organizations).
+SELECT id FROM pools WHERE name = ANY (CAST(:names AS text[])) ORDER BY id FOR NO KEY UPDATE;

@@ -88,9 +88,10 @@ def claim(conn, *, runner_id: int, pools: Sequence[int], claim_token: str,
           lease_seconds: float) -> Claim | None:
     """Claim the next eligible job for ``runner_id`` on any of ``pools`` (pool ids).
 
-    One transaction: capacity reserved in lock order, job taken with SKIP LOCKED, generation
-    bumped, attempt inserted with a lease of ``lease_seconds`` (see pgd_claim in
-    migrations/0002_transitions.sql). Returns None when nothing is eligible.
+    One transaction: job taken with SKIP LOCKED, then project, organization and pool capacity
+    reserved in lock order (the shared counter rows last), generation bumped, attempt inserted
+    with a lease of ``lease_seconds`` (see pgd_claim in migrations/0007_hot_rows_last.sql).
+    Returns None when nothing is eligible.
 
     Raises:
         NotFound: unknown runner. InvalidInput: bad lease. Conflict: claim token reused.
@@ -106,7 +107,7 @@ def claim(conn, *, runner_id: int, pools: Sequence[int], claim_token: str,
 def claim_batch(conn, *, runner_id: int, pools: Sequence[int], claim_tokens: Sequence[str],
                 lease_seconds: float) -> list[Claim]:
     """Claim up to ``len(claim_tokens)`` build jobs of one (project, pool) in one transaction
-    (pgd_claim_batch, migrations/0003_batches.sql): same fairness, lock order and capacity
+    (pgd_claim_batch, migrations/0007_hot_rows_last.sql): same fairness, lock order and capacity
     checks as ``claim``; deployments are left to ``claim``. Returns the claims (maybe none).
 
     Raises:
@@ -123,9 +124,10 @@ def claim_batch(conn, *, runner_id: int, pools: Sequence[int], claim_tokens: Seq
 @transition("complete_batch", one_statement=True)
 def complete_batch(conn, *, items: Sequence[dict[str, Any]], backoff_base_seconds: float = 2.0,
                    backoff_cap_seconds: float = 300.0) -> list[dict[str, Any]]:
-    """Record several outcomes in one transaction (pgd_complete_batch, migrations/0004):
-    every row is locked in the global lock order first; then the builds that succeeded are
-    completed together, set-based, and every other item as ``complete`` would, one by one.
+    """Record several outcomes in one transaction (pgd_complete_batch, migrations/0007):
+    jobs, targets and attempts locked first, by id; the builds that succeeded completed
+    together, set-based, every other item as ``complete`` would, one by one; then the
+    capacity of them all released at once (projects, organizations, pools: the lock order).
 
     ``items``: dicts with attempt_id, generation, outcome, receipt_key and optionally
     exit_code, error, output_tail. Returns one answer per item, in order; a fenced item answers

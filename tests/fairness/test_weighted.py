@@ -70,8 +70,8 @@ def test_concurrent_global_fifo_fails_the_three_to_one_check(conn, db_url):
 
 def _claim_behind_an_open_claim(conn, db_url) -> tuple[str, str]:
     """heavy (weight 3) runs 2, light (weight 1) runs 0. Claim A, in an open transaction,
-    takes light (share 0 < 2/3). Claim B starts meanwhile and waits for the organization row
-    A holds; then A commits. Returns the projects A and B got."""
+    takes light (share 0 < 2/3). Claim B starts meanwhile and waits for the row A holds (light's
+    project row, migration 0007); then A commits. Returns the projects A and B got."""
     world = bench.setup(conn, bench.weighted(jobs_each=20).projects, slots=8, interleave=True,
                         bulk_insert=True)
     pools, runner = world["pool_ids"], world["runner_id"]
@@ -108,7 +108,7 @@ def _claim_behind_an_open_claim(conn, db_url) -> tuple[str, str]:
             thread = threading.Thread(target=claim_b, name="bench-claim-b")
             thread.start()
             deadline = time.monotonic() + 30
-            while True:  # B has read its candidates and now waits for A's organization row lock
+            while True:  # B has read its candidates and now waits for the project row A holds
                 waiting = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
                                        (got.get("pid"),)).fetchone()
                 if waiting and waiting["wait_event_type"] == "Lock":
@@ -127,7 +127,7 @@ def _claim_behind_an_open_claim(conn, db_url) -> tuple[str, str]:
 def test_a_claim_queued_behind_another_chooses_with_its_count(conn, db_url):
     """Claim B read the candidates while A's claim of light was uncommitted (so light looked
     least served: 0 < 2/3), but it chooses its project only after A commits, under the
-    organization row lock: light now has 1 running (share 1 > 2/3), so B takes heavy."""
+    project row lock: light now has 1 running (share 1 > 2/3), so B takes heavy."""
     assert _claim_behind_an_open_claim(conn, db_url) == ("light", "heavy")
 
 

@@ -1,8 +1,8 @@
 """Deadlocks (issue 3): a real one is retried; the production transitions make none.
 
-1. An operator-like action written only for this test locks the job and then its
-   organization — the reverse of the documented order — while a completion (organization →
-   project → pool → job) runs on the same job. The two wait for each other; PostgreSQL
+1. An operator-like action written only for this test locks the organization and then the
+   job — the reverse of the documented order — while a completion (job → target → attempt →
+   project → organization → pool, migration 0007) runs on the same job. The two wait for each other; PostgreSQL
    detects the cycle and aborts one transaction with SQLSTATE 40P01. The action runs in
    ``sql.db.in_transaction``, so the retry path runs for real: the action's first try is the
    victim (its ``deadlock_timeout`` is the shorter one), it is retried and completes, and the
@@ -72,16 +72,16 @@ def waits_on_lock(conn, pid: int) -> bool:
 
 # --- 1. a real deadlock, retried -------------------------------------------------------
 
-def reprioritize(conn, *, job_id: int, org_id: int, before_org_lock) -> int:
+def reprioritize(conn, *, job_id: int, org_id: int, before_job_lock) -> int:
     """An operator-like action written only for this test: bump a job's priority and audit
-    it, locking the job and THEN its organization — the reverse of the documented order.
-    ``before_org_lock()`` runs between the two locks. Returns the new priority."""
+    it, locking the organization and THEN the job — the reverse of the documented order.
+    ``before_job_lock()`` runs between the two locks. Returns the new priority."""
     # the shorter deadlock_timeout makes this transaction the one that detects the cycle,
     # and so the one PostgreSQL aborts (superuser setting; the tests run as one)
     conn.execute("SET LOCAL deadlock_timeout = '50ms'")
-    conn.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (job_id,))
-    before_org_lock()
     conn.execute("SELECT 1 FROM organizations WHERE id = %s FOR UPDATE", (org_id,))
+    before_job_lock()
+    conn.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (job_id,))
     row = conn.execute("UPDATE jobs SET priority = priority + 1 WHERE id = %s RETURNING priority",
                        (job_id,)).fetchone()
     transitions.record_event(conn, actor="alice", action="reprioritize", subject=f"job:{job_id}",
@@ -105,15 +105,15 @@ def test_a_real_deadlock_is_retried_counted_and_logged(world, db_url, caplog):
     results: dict[str, Any] = {}
     tries = []
 
-    def before_org_lock():
+    def before_job_lock():
         tries.append(time.monotonic())
         if len(tries) == 1:
-            # first try: hold the job until the completion holds the organization and waits
-            # for the job; the next statement then closes the cycle
+            # first try: hold the organization until the completion holds the job and waits
+            # for the organization; the next statement then closes the cycle
             results["completer"] = threading.Thread(target=complete, name="racer-completer")
             results["completer"].start()
             wait_for(lambda: waits_on_lock(world.conn, completer_pid),
-                     "the completion to wait for the job")
+                     "the completion to wait for the organization")
 
     def complete():
         try:
@@ -125,7 +125,7 @@ def test_a_real_deadlock_is_retried_counted_and_logged(world, db_url, caplog):
 
     with caplog.at_level(logging.WARNING, logger="sql.db"):
         priority = db.in_transaction(operator, reprioritize, job_id=job["id"], org_id=org_id,
-                                     before_org_lock=before_org_lock,
+                                     before_job_lock=before_job_lock,
                                      tx_name="test_reprioritize")
         results["completer"].join(WAIT_S)
     assert not results["completer"].is_alive()
@@ -157,10 +157,11 @@ def test_a_real_deadlock_is_retried_counted_and_logged(world, db_url, caplog):
 
 def test_submit_depending_on_a_job_racing_its_completion_does_not_deadlock(world, db_url):
     """pgd_submit locks its dependency FOR SHARE and then inserts the job, whose foreign keys
-    take FOR KEY SHARE on the project and pool rows; pgd_complete locks organization, project,
-    pool, then the job. With the completion's locks taken FOR UPDATE the two waited for each
-    other (40P01, found by the random load below); FOR NO KEY UPDATE does not block a
-    foreign-key check, so there is no cycle. The submit is paused (tests/faults/pause_point)
+    take FOR KEY SHARE on the project and pool rows; pgd_complete locked organization, project,
+    pool, then the job (before migration 0007; now the job first, the counter rows last). With
+    the completion's locks taken FOR UPDATE the two waited for each other (40P01, found by the
+    random load below); FOR NO KEY UPDATE does not block a foreign-key check, so there is no
+    cycle in either order. The submit is paused (tests/faults/pause_point)
     after its dependency lock, while the completion queues behind it."""
     world.setup()
     runner = world.runner()

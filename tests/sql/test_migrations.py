@@ -15,7 +15,7 @@ from sql import db, migrate, transitions
 from ..conftest import with_database
 
 MIGRATIONS = ["0001_initial", "0002_transitions", "0003_batches", "0004_hot_path", "0005_history",
-             "0006_wakeups"]
+             "0006_wakeups", "0007_hot_rows_last"]
 
 # DESIGN.md, "Entities and states"
 STATES = {

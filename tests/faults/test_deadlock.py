@@ -11,9 +11,10 @@
    is the instrument of part 2, shown here to catch a lock-order violation.
 
 2. Several connections run the production transitions at random for ~10 s — claim,
-   complete, expire, heartbeat, pause/resume, cancel, approve, retry, resolve, submit with
-   dependencies — and the server counts zero deadlocks in the test's database, the process
-   zero retries, and the stored state stays whole (tests/faults/consistency.py) throughout.
+   complete, claim and complete in batches, expire, heartbeat, pause/resume, cancel, approve,
+   retry, resolve, submit with dependencies, config apply with new limits — and the server
+   counts zero deadlocks in the test's database, the process zero retries, and the stored
+   state stays whole (tests/faults/consistency.py) throughout.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from sql import Conflict, FencedOut, InvalidInput, db, transitions
+from sql import Conflict, FencedOut, InvalidInput, config, db, transitions
 
 from . import consistency, pause_point
 
@@ -255,7 +256,8 @@ class Load:
     def step(self) -> None:
         ops = [(self.submit, 4), (self.claim, 6), (self.complete, 5), (self.heartbeat, 3),
                (self.expire, 2), (self.pause_or_resume, 1), (self.cancel, 1), (self.approve, 1),
-               (self.retry, 1), (self.resolve, 1)]
+               (self.retry, 1), (self.resolve, 1), (self.claim_batch, 2), (self.complete_batch, 2),
+               (self.apply_limits, 1)]
         op = self.rng.choices([o for o, _ in ops], weights=[w for _, w in ops])[0]
         try:
             if op() is not False:
@@ -306,6 +308,42 @@ class Load:
                              outcome=outcome, exit_code={"succeeded": 0, "failed": 1}.get(outcome),
                              receipt_key=f"{a['claim_token']}:complete",
                              backoff_base_seconds=0.05, backoff_cap_seconds=0.2)
+
+    def claim_batch(self):
+        pools = self.setup["pools"][self.rng.choice(("linux", "arm", "both"))]
+        tokens = [transitions.new_claim_token() for _ in range(self.rng.randint(2, 4))]
+        return transitions.claim_batch(self.conn, runner_id=self.rng.choice(self.setup["runners"]),
+                                       pools=pools, claim_tokens=tokens,
+                                       lease_seconds=self.rng.choice((0.3, 2.0, 10.0))) or False
+
+    def complete_batch(self):
+        rows = self.conn.execute("SELECT a.id, a.generation, a.claim_token, j.target_id FROM attempts a "
+                                 "JOIN jobs j ON j.id = a.job_id WHERE a.state = 'running' "
+                                 "ORDER BY random() LIMIT 3").fetchall()
+        if not rows:
+            return False
+        items = []
+        for a in rows:
+            outcome = self.rng.choice(["succeeded", "succeeded", "succeeded", "failed", "handed_back"])
+            items.append({"attempt_id": a["id"], "generation": a["generation"], "outcome": outcome,
+                          "exit_code": {"succeeded": 0, "failed": 1}.get(outcome),
+                          "receipt_key": f"{a['claim_token']}:complete"})
+        transitions.complete_batch(self.conn, items=items, backoff_base_seconds=0.05,
+                                   backoff_cap_seconds=0.2)
+
+    def apply_limits(self):
+        # the whole config again with new limits: config apply locks every row it names
+        r = self.rng
+        config.apply_config(self.conn, "\n".join([
+            "[[organizations]]", 'name = "acme"', f"max_running = {r.randint(3, 5)}",
+            "[[organizations]]", 'name = "globex"', f"max_running = {r.randint(2, 4)}",
+            "[[pools]]", 'name = "linux"', f"slots = {r.randint(4, 6)}",
+            "[[pools]]", 'name = "arm"', f"slots = {r.randint(2, 4)}",
+            "[[projects]]", 'name = "web"', 'organization = "acme"', 'pools = ["linux", "arm"]',
+            f"max_running = {r.randint(1, 3)}",
+            "[[projects]]", 'name = "api"', 'organization = "acme"', 'pools = ["linux"]',
+            "[[projects]]", 'name = "ops"', 'organization = "globex"', 'pools = ["linux", "arm"]',
+        ]), actor="ops", env={})
 
     def heartbeat(self):
         a = self.running_attempt()
@@ -407,7 +445,8 @@ def test_production_transitions_never_deadlock_under_random_load(world, db_url):
           f"{samples} consistency samples")
     # every kind of transition really ran, and the load was not trivial
     for name in ("submit", "claim", "complete", "heartbeat", "expire", "pause_or_resume",
-                 "cancel", "approve", "retry", "resolve"):
+                 "cancel", "approve", "retry", "resolve", "claim_batch", "complete_batch",
+                 "apply_limits"):
         assert done[name] > 0, f"{name} never ran: {dict(done)}"
     assert total > 500
     assert broken_samples == []

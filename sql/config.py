@@ -116,7 +116,13 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str) -> dict[str, int]:
         current = Q.get_project_organization(conn, name=p["name"])
         if current is not None and current != p["organization"]:
             raise InvalidInput(f"project {p['name']} belongs to {current}; it cannot move to {p['organization']}")
-    # The existing rows are locked first, in the documented lock order (projects, then
+    # Targets first: inserting a target name waits for any transaction that has just updated
+    # that target (claims, completions, expiry of deployments), and those go on to lock the
+    # project; holding a project meanwhile would close a cycle (found by a stress run).
+    changed = 0
+    for t in sorted(cfg["targets"], key=lambda e: e["name"]):
+        changed += Q.upsert_target(conn, name=t["name"])
+    # Then the existing rows are locked, in the documented lock order (projects, then
     # organizations, then pools, each kind by id), because an upsert locks its row even when
     # nothing changes; upserting in another order deadlocks against claims and completions.
     # The upserts that follow wait for nothing: each row is either locked already or new.
@@ -124,7 +130,6 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str) -> dict[str, int]:
     list(Q.lock_declared_projects(conn, names=[p["name"] for p in projects]))
     list(Q.lock_declared_organizations(conn, names=[o["name"] for o in cfg["organizations"]]))
     list(Q.lock_declared_pools(conn, names=[p["name"] for p in cfg["pools"]]))
-    changed = 0
     for o in sorted(cfg["organizations"], key=lambda e: e["name"]):
         changed += Q.upsert_organization(conn, name=o["name"], max_running=o["max_running"])
     for p in projects:
@@ -135,8 +140,6 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str) -> dict[str, int]:
     for p in projects:
         changed += Q.set_project_pools(conn, project=p["name"], pools=p["pools"])
         changed += Q.revoke_other_pools(conn, project=p["name"], pools=p["pools"])
-    for t in cfg["targets"]:
-        changed += Q.upsert_target(conn, name=t["name"])
     for u in cfg["users"]:
         existing = Q.get_user(conn, username=u["username"])
         if existing and existing["role"] == u["role"] and verify_password(existing["password_hash"], u["password"]):

@@ -45,6 +45,78 @@ LANGUAGE sql STABLE AS $$
                       AND p.running::float8 / p.weight < p_running::float8 / p_weight)
 $$;
 
+-- Lock every blocked job downstream of p_job_ids (transitively), by id: the "dependents" step
+-- of the lock order, taken before any of them is updated. Completions of one organization
+-- used to run one at a time behind its organization row; now they run side by side up to the
+-- counter rows, and two of them releasing or cancelling overlapping dependents in different
+-- orders deadlocked (found by a stress run: two batches cancelling D1 and D2 in opposite
+-- orders). An edge committed after this read is still followed by the level-by-level walk
+-- of pgd_cancel_dependents; only its lock is then taken out of order.
+CREATE FUNCTION pgd_lock_dependents(p_job_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1
+       FROM jobs j
+      WHERE j.id IN (WITH RECURSIVE downstream(id) AS (
+                         SELECT jd.job_id FROM job_dependencies jd
+                          WHERE jd.depends_on_job_id = ANY (p_job_ids)
+                         UNION
+                         SELECT jd.job_id FROM job_dependencies jd
+                           JOIN downstream d ON jd.depends_on_job_id = d.id)
+                     SELECT id FROM downstream)
+        AND j.state = 'blocked'
+      ORDER BY j.id
+        FOR NO KEY UPDATE;
+END;
+$$;
+
+-- pgd_release_dependents and pgd_cancel_dependents as in 0002, with their dependents locked
+-- by id first (pgd_lock_dependents).
+CREATE OR REPLACE FUNCTION pgd_release_dependents(p_job_id bigint) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    PERFORM pgd_lock_dependents(ARRAY[p_job_id]);
+    UPDATE jobs d
+       SET pending_dependencies = d.pending_dependencies - 1,
+           state = CASE WHEN d.pending_dependencies = 1
+                             AND (NOT d.requires_approval OR d.approved_at IS NOT NULL)
+                        THEN 'queued' ELSE 'blocked' END,
+           ready_at = CASE WHEN d.pending_dependencies = 1 THEN now() ELSE d.ready_at END
+      FROM job_dependencies jd
+     WHERE jd.depends_on_job_id = p_job_id
+       AND d.id = jd.job_id
+       AND d.state = 'blocked';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgd_cancel_dependents(p_job_id bigint, p_why text) RETURNS integer
+LANGUAGE plpgsql AS $$
+DECLARE
+    frontier bigint[] := ARRAY[p_job_id];
+    n        integer := 0;
+BEGIN
+    PERFORM pgd_lock_dependents(ARRAY[p_job_id]);
+    LOOP
+        WITH cancelled AS (
+            UPDATE jobs j
+               SET state = 'cancelled', finished_at = now(), last_error = p_why
+              FROM job_dependencies jd
+             WHERE jd.depends_on_job_id = ANY (frontier)
+               AND j.id = jd.job_id AND j.state = 'blocked'
+            RETURNING j.id
+        )
+        SELECT array_agg(DISTINCT id) INTO frontier FROM cancelled;
+        EXIT WHEN frontier IS NULL;
+        n := n + cardinality(frontier);
+    END LOOP;
+    RETURN n;
+END;
+$$;
+
 -- claim: as in 0002, in the new lock order. For each candidate (fairest first, read without
 -- locks): the job (SKIP LOCKED), for a deployment its target, then the project row (waits for
 -- the claims and completions of that project ahead of this one; checks pause, bound and, on
@@ -330,6 +402,9 @@ BEGIN
     IF p_receipt_key IS NULL OR length(p_receipt_key) NOT BETWEEN 1 AND 200 THEN
         RAISE EXCEPTION 'receipt key must be 1 to 200 characters' USING ERRCODE = 'PD422';
     END IF;
+    IF p_generation IS NULL THEN
+        RAISE EXCEPTION 'a completion names the generation it holds' USING ERRCODE = 'PD422';
+    END IF;
 
     SELECT a.job_id, j.project_id, j.pool_id, j.target_id, p.organization_id AS org_id
       INTO v_ids
@@ -521,10 +596,11 @@ DECLARE
     v_orgs     bigint[] := '{}';
     v_projects bigint[] := '{}';
     v_pools    bigint[] := '{}';
+    v_released bigint[] := '{}';
     v_ids  record;
     it     record;
 BEGIN
-    IF jsonb_typeof(p_items) <> 'array' OR jsonb_array_length(p_items) > 1000 THEN
+    IF p_items IS NULL OR jsonb_typeof(p_items) <> 'array' OR jsonb_array_length(p_items) > 1000 THEN
         RAISE EXCEPTION 'items must be an array of at most 1000 completions' USING ERRCODE = 'PD422';
     END IF;
     -- the same checks pgd_complete makes, before anything is written: a bad item fails the batch
@@ -538,6 +614,11 @@ BEGIN
      WHERE x.receipt_key IS NULL OR length(x.receipt_key) NOT BETWEEN 1 AND 200;
     IF FOUND THEN
         RAISE EXCEPTION 'receipt key must be 1 to 200 characters' USING ERRCODE = 'PD422';
+    END IF;
+    PERFORM 1 FROM jsonb_to_recordset(p_items) AS x(attempt_id bigint, generation bigint)
+     WHERE x.attempt_id IS NULL OR x.generation IS NULL;
+    IF FOUND THEN
+        RAISE EXCEPTION 'every item needs an attempt id and a generation' USING ERRCODE = 'PD422';
     END IF;
     v_answers := array_fill(NULL::jsonb, ARRAY[jsonb_array_length(p_items)]);
 
@@ -556,6 +637,8 @@ BEGIN
     PERFORM 1 FROM targets t WHERE t.id = ANY (v_targets) ORDER BY t.id FOR NO KEY UPDATE;
     PERFORM 1 FROM unnest(v_attempts) u(id)
       CROSS JOIN LATERAL (SELECT 1 FROM attempts a WHERE a.id = u.id FOR NO KEY UPDATE OFFSET 0) l;
+    -- every item's dependents at once, by id, before any item releases or cancels some
+    PERFORM pgd_lock_dependents(v_jobs);
 
     -- The fast path, read under those locks: a build's success, reported by its current
     -- running attempt (generation matches job and attempt), with a receipt key not yet used,
@@ -644,6 +727,7 @@ BEGIN
                 v_orgs := v_orgs || v_ids.org_id;
                 v_projects := v_projects || v_ids.project_id;
                 v_pools := v_pools || v_ids.pool_id;
+                v_released := v_released || it.attempt_id;
             END IF;
         EXCEPTION WHEN SQLSTATE 'PDF01' THEN
             v_answer := jsonb_build_object('status', 'fenced', 'attempt_id', it.attempt_id,
@@ -656,6 +740,9 @@ BEGIN
     IF cardinality(v_orgs) > 0 THEN
         PERFORM pgd_release_capacity(v_orgs, v_projects, v_pools);
     END IF;
+    -- the items completed one by one were stamped before the release: stamp them again after
+    -- it, so that [claimed_at, finished_at) covers the time they held capacity
+    UPDATE attempts SET finished_at = clock_timestamp() WHERE id = ANY (v_released);
     IF cardinality(v_rows) > 0 THEN
         UPDATE attempts a
            SET state = 'succeeded', finished_at = clock_timestamp(), exit_code = f.exit_code,

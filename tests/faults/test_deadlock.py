@@ -214,6 +214,61 @@ def test_submit_depending_on_a_job_racing_its_completion_does_not_deadlock(world
     assert deadlocks(world.conn) == deadlocks_before
 
 
+def test_batches_cancelling_shared_dependents_in_opposite_orders_do_not_deadlock(world, db_url):
+    """D1 depends on A and C, D2 on B and E. One batch reports A and B failed, another E and C:
+    item by item, the first cancels D1 then D2 and the second D2 then D1. Completions of one
+    organization no longer queue behind its row (migration 0007), so both run at once; a
+    trigger installed only here makes each cancellation of a blocked job take 0.3 s, so the
+    two overlap. pgd_lock_dependents locks every item's dependents by id first: no deadlock,
+    both batches answer, D1 and D2 end cancelled. (Without it: 40P01, seen once.)"""
+    world.setup(org_limit=10, pool_slots=10)
+    runner = world.runner(slots=10)
+    a, b, c, e = (world.job()["id"] for _ in range(4))
+    d1 = world.job(depends_on=[a, c])["id"]
+    d2 = world.job(depends_on=[b, e])["id"]
+    claims = {cl.job_id: cl for cl in (world.claim(runner) for _ in range(4))}
+    assert sorted(claims) == sorted([a, b, c, e])
+    world.conn.execute("""
+        CREATE FUNCTION test_slow_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.state = 'cancelled' AND OLD.state = 'blocked' THEN PERFORM pg_sleep(0.3); END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER test_slow_cancel BEFORE UPDATE ON jobs
+            FOR EACH ROW EXECUTE FUNCTION test_slow_cancel();""")
+    deadlocks_before, retries_before = deadlocks(world.conn), all_retries()
+
+    def failed(job_id: int) -> dict[str, Any]:
+        cl = claims[job_id]
+        return {"attempt_id": cl.attempt_id, "generation": cl.generation, "outcome": "failed",
+                "exit_code": 1, "receipt_key": cl.receipt_key}
+
+    results: dict[str, Any] = {}
+
+    def run(name: str, items: list[dict[str, Any]]) -> None:
+        try:
+            with db.connect(db_url, application_name=f"pgd-test-{name}") as conn:
+                conn.execute("SET deadlock_timeout = '100ms'")
+                results[name] = transitions.complete_batch(conn, items=items)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            results[name] = exc
+
+    first = threading.Thread(target=run, args=("first", [failed(a), failed(b)]))
+    second = threading.Thread(target=run, args=("second", [failed(e), failed(c)]))
+    first.start()
+    time.sleep(0.05)
+    second.start()
+    for t in (first, second):
+        t.join(WAIT_S)
+    for name in ("first", "second"):
+        assert isinstance(results[name], list), results[name]
+        assert [r["job_state"] for r in results[name]] == ["failed", "failed"]
+    assert world.row("jobs", d1)["state"] == world.row("jobs", d2)["state"] == "cancelled"
+    assert all_retries() == retries_before, "a batch was retried after 40P01"
+    assert deadlocks(world.conn) == deadlocks_before
+    assert consistency.violations(world.conn) == []
+
+
 # --- 2. the production transitions under random load: no deadlock ----------------------
 
 PROJECT_POOLS = {"web": ("linux", "arm"), "api": ("linux",), "ops": ("linux", "arm")}
@@ -343,6 +398,7 @@ class Load:
             f"max_running = {r.randint(1, 3)}",
             "[[projects]]", 'name = "api"', 'organization = "acme"', 'pools = ["linux"]',
             "[[projects]]", 'name = "ops"', 'organization = "globex"', 'pools = ["linux", "arm"]',
+            *[line for t in TARGETS for line in ("[[targets]]", f'name = "{t}"')],
         ]), actor="ops", env={})
 
     def heartbeat(self):

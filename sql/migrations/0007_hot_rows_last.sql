@@ -117,6 +117,30 @@ BEGIN
 END;
 $$;
 
+-- The pools a claim by p_runner_id may take from: p_pool_ids that the runner serves; NULL
+-- when the runner is draining or stopped (it claims nothing). Checks the lease (seconds).
+-- Raises PD422 for a lease outside (0, 86400], PD404 for an unknown runner.
+CREATE FUNCTION pgd_runner_pools(p_runner_id bigint, p_pool_ids bigint[], p_lease_seconds double precision)
+RETURNS bigint[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_runner runners%ROWTYPE;
+BEGIN
+    IF p_lease_seconds IS NULL OR p_lease_seconds <= 0 OR p_lease_seconds > 86400 THEN
+        RAISE EXCEPTION 'lease seconds must be in (0, 86400], got %', p_lease_seconds
+            USING ERRCODE = 'PD422';
+    END IF;
+    SELECT * INTO v_runner FROM runners r WHERE r.id = p_runner_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown runner %', p_runner_id USING ERRCODE = 'PD404';
+    END IF;
+    IF v_runner.draining OR v_runner.stopped_at IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN ARRAY(SELECT unnest(p_pool_ids) INTERSECT SELECT unnest(v_runner.pool_ids));
+END;
+$$;
+
 -- claim: as in 0002, in the new lock order. For each candidate (fairest first, read without
 -- locks): the job (SKIP LOCKED), for a deployment its target, then the project row (waits for
 -- the claims and completions of that project ahead of this one; checks pause, bound and, on
@@ -132,7 +156,6 @@ RETURNS TABLE (job_id bigint, attempt_id bigint, attempt_no integer, generation 
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_runner  runners%ROWTYPE;
     v_pools   bigint[];
     c         record;
     v_pass    integer;
@@ -143,18 +166,10 @@ DECLARE
     v_claimed timestamptz;
     v_lease   timestamptz;
 BEGIN
-    IF p_lease_seconds IS NULL OR p_lease_seconds <= 0 OR p_lease_seconds > 86400 THEN
-        RAISE EXCEPTION 'lease seconds must be in (0, 86400], got %', p_lease_seconds
-            USING ERRCODE = 'PD422';
+    v_pools := pgd_runner_pools(p_runner_id, p_pool_ids, p_lease_seconds);
+    IF v_pools IS NULL THEN
+        RETURN;  -- the runner is draining or stopped
     END IF;
-    SELECT * INTO v_runner FROM runners r WHERE r.id = p_runner_id;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'unknown runner %', p_runner_id USING ERRCODE = 'PD404';
-    END IF;
-    IF v_runner.draining OR v_runner.stopped_at IS NOT NULL THEN
-        RETURN;
-    END IF;
-    v_pools := ARRAY(SELECT unnest(p_pool_ids) INTERSECT SELECT unnest(v_runner.pool_ids));
 
     FOR v_pass IN 1..2 LOOP
         v_retry := false;
@@ -245,7 +260,6 @@ RETURNS TABLE (job_id bigint, attempt_id bigint, attempt_no integer, generation 
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    v_runner  runners%ROWTYPE;
     v_pools   bigint[];
     v_want    integer := coalesce(cardinality(p_claim_tokens), 0);
     c         record;
@@ -258,21 +272,13 @@ DECLARE
     v_claimed timestamptz;
     v_lease   timestamptz;
 BEGIN
-    IF p_lease_seconds IS NULL OR p_lease_seconds <= 0 OR p_lease_seconds > 86400 THEN
-        RAISE EXCEPTION 'lease seconds must be in (0, 86400], got %', p_lease_seconds
-            USING ERRCODE = 'PD422';
-    END IF;
     IF v_want < 1 OR v_want > 1000 THEN
         RAISE EXCEPTION 'a batch claims 1 to 1000 jobs, got %', v_want USING ERRCODE = 'PD422';
     END IF;
-    SELECT * INTO v_runner FROM runners r WHERE r.id = p_runner_id;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'unknown runner %', p_runner_id USING ERRCODE = 'PD404';
+    v_pools := pgd_runner_pools(p_runner_id, p_pool_ids, p_lease_seconds);
+    IF v_pools IS NULL THEN
+        RETURN;  -- the runner is draining or stopped
     END IF;
-    IF v_runner.draining OR v_runner.stopped_at IS NOT NULL THEN
-        RETURN;
-    END IF;
-    v_pools := ARRAY(SELECT unnest(p_pool_ids) INTERSECT SELECT unnest(v_runner.pool_ids));
 
     FOR v_pass IN 1..2 LOOP
         v_retry := false;

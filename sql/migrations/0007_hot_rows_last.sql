@@ -676,12 +676,9 @@ BEGIN
           FROM unnest(v_rows) f WHERE j.id = f.job_id;
 
         -- Dependents (pgd_release_dependents for each finished job, at once): a dependent
-        -- waiting on k of this batch's jobs loses k pending dependencies; locked by id first.
+        -- waiting on k of this batch's jobs loses k pending dependencies (already locked, by
+        -- id, with every item's dependents above).
         v_done := ARRAY(SELECT f.job_id FROM unnest(v_rows) f);
-        PERFORM 1 FROM jobs d
-         WHERE d.id IN (SELECT jd.job_id FROM job_dependencies jd WHERE jd.depends_on_job_id = ANY (v_done))
-           AND d.state = 'blocked'
-         ORDER BY d.id FOR NO KEY UPDATE;
         UPDATE jobs d
            SET pending_dependencies = d.pending_dependencies - k.n,
                state = CASE WHEN d.pending_dependencies = k.n

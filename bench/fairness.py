@@ -13,10 +13,10 @@ Three claim functions are compared, each in its own database:
 
 * ``pgdispatch`` — ``pgd_claim`` as migrated: candidate (project, pool) pairs ordered by
   weighted running share (``running / weight``, fewest first), least recently served first
-  between equals (``pgd_claim_candidates``); priority orders jobs only inside a project; the
-  project is chosen by a second read of the candidates made under the organization row lock.
+  between equals (``pgd_claim_candidates``); priority orders jobs only inside a project; each
+  candidate is re-checked by a fresh read under its project row lock (migration 0007).
 * ``single-read`` — the same order, but the project chosen from the one lock-free read
-  (``install_single_read``): pgd_claim as it was before tests/fairness measured it.
+  (``install_single_read``: the re-check switched off).
 * ``global-order`` — a benchmark/test-only copy of ``pgd_claim_candidates``
   (``install_global_order``) whose order is the head job's ``(priority DESC, id)``: one plain
   global priority/FIFO queue across projects. Everything else (reservations, bounds, SKIP
@@ -85,17 +85,6 @@ GLOBAL_ORDER = """(SELECT ARRAY[-j.priority::bigint, j.id]
 # pgd_claim_candidates' ORDER BY (the fairness order), up to its LIMIT.
 _CANDIDATE_ORDER = re.compile(r"(\n\s*ORDER BY )(.*?)(\n\s*LIMIT \d+;)", re.S)
 
-# The lines of pgd_claim that make its project choice a second, fresh read under the
-# organization row lock. Replaced (install_single_read) they give back the claim as it was
-# before tests/fairness measured it: each candidate of one lock-free read tried in turn.
-_FRESH_READ = (
-    ("        CONTINUE WHEN o_c.org_id = ANY (v_tried);\n        v_tried := v_tried || o_c.org_id;\n", ""),
-    ("FOR c IN SELECT * FROM pgd_claim_candidates(v_pools, o_c.org_id) LOOP",
-     "FOR c IN SELECT o_c.org_id, o_c.project_id, o_c.pool_id LOOP"),
-    ("last_claimed_at = clock_timestamp()", "last_claimed_at = now()"),
-)
-
-
 def function_sql(name: str) -> str:
     """The text of ``CREATE FUNCTION name(...) ... $$;`` in migrations/0002_transitions.sql."""
     text = (migrate.MIGRATIONS_DIR / "0002_transitions.sql").read_text()
@@ -130,7 +119,7 @@ def candidate_order() -> str:
 # pgd_fairer_candidate_exists answering "no" whatever the shares (same signature as 0007's)
 NO_FAIRNESS_RECHECK = """
 CREATE OR REPLACE FUNCTION pgd_fairer_candidate_exists(p_pool_ids bigint[], p_org_id bigint,
-    p_project_id bigint, p_running integer, p_weight integer)
+    p_project projects)
 RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT false $$
 """
 
@@ -145,8 +134,8 @@ def install_global_order(conn) -> None:
 
 def install_single_read(conn) -> None:
     """Make pgd_claim in this database choose its project from one lock-free read, as it did
-    before tests/fairness (same order; no second read under the organization row lock)."""
-    conn.execute(variant_sql("pgd_claim", _FRESH_READ))
+    before tests/fairness (same order; no re-check under the project row lock, migration 0007)."""
+    conn.execute(NO_FAIRNESS_RECHECK)
 
 
 def jain_index(xs: Sequence[float]) -> float | None:

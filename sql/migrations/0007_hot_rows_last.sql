@@ -32,17 +32,24 @@
 -- finished_at after releasing its counters: [claimed_at, finished_at) stays inside the time
 -- the attempt held its capacity.
 
--- Whether another project of this organization, in a fresh read, has a smaller weighted
--- running share than p_running / p_weight. Read without locks.
-CREATE FUNCTION pgd_fairer_candidate_exists(p_pool_ids bigint[], p_org_id bigint, p_project_id bigint,
-                                            p_running integer, p_weight integer)
+-- Whether a fresh read of this organization's candidates puts another project ahead of
+-- p_project, in pgd_claim_candidates' order: a smaller weighted running share, or the same
+-- share and claimed less recently (never first), or the same share and time and a smaller id.
+-- Read without locks; the caller holds p_project's row.
+CREATE FUNCTION pgd_fairer_candidate_exists(p_pool_ids bigint[], p_org_id bigint, p_project projects)
 RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1
-                     FROM pgd_claim_candidates(p_pool_ids, p_org_id) f
-                     JOIN projects p ON p.id = f.project_id
-                    WHERE p.id <> p_project_id
-                      AND p.running::float8 / p.weight < p_running::float8 / p_weight)
+    SELECT EXISTS (
+        SELECT 1
+          FROM pgd_claim_candidates(p_pool_ids, p_org_id) f
+          JOIN projects p ON p.id = f.project_id
+         WHERE p.id <> p_project.id
+           AND (p.running::float8 / p.weight < p_project.running::float8 / p_project.weight
+                OR (p.running::float8 / p.weight = p_project.running::float8 / p_project.weight
+                    AND ((p.last_claimed_at IS NULL AND p_project.last_claimed_at IS NOT NULL)
+                         OR p.last_claimed_at < p_project.last_claimed_at
+                         OR (p.last_claimed_at IS NOT DISTINCT FROM p_project.last_claimed_at
+                             AND p.id < p_project.id)))))
 $$;
 
 -- Lock every blocked job downstream of p_job_ids (transitively), by id: the "dependents" step
@@ -144,7 +151,7 @@ $$;
 -- claim: as in 0002, in the new lock order. For each candidate (fairest first, read without
 -- locks): the job (SKIP LOCKED), for a deployment its target, then the project row (waits for
 -- the claims and completions of that project ahead of this one; checks pause, bound and, on
--- the first pass, fairness), the organization and the pool (each a conditional UPDATE), then
+-- the first pass, that no other project now comes before it in the fairness order), the organization and the pool (each a conditional UPDATE), then
 -- the job's generation bump and the attempt. When every candidate of the first pass was
 -- either taken by others or passed over as no longer the fairest, a second pass over a fresh
 -- read takes the first it can, so the fairness check never leaves a runner idle.
@@ -199,8 +206,7 @@ BEGIN
                OR (v_proj.max_running IS NOT NULL AND v_proj.running >= v_proj.max_running) THEN
                 RAISE EXCEPTION USING ERRCODE = 'PDSKP';
             END IF;
-            IF v_pass = 1 AND pgd_fairer_candidate_exists(v_pools, c.org_id, v_proj.id,
-                                                          v_proj.running, v_proj.weight) THEN
+            IF v_pass = 1 AND pgd_fairer_candidate_exists(v_pools, c.org_id, v_proj) THEN
                 v_retry := true;
                 RAISE EXCEPTION USING ERRCODE = 'PDSKP';
             END IF;
@@ -303,8 +309,7 @@ BEGIN
 
             SELECT * INTO v_proj FROM projects p WHERE p.id = c.project_id FOR NO KEY UPDATE;
             IF v_proj.paused_at IS NOT NULL THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
-            IF v_pass = 1 AND pgd_fairer_candidate_exists(v_pools, c.org_id, v_proj.id,
-                                                          v_proj.running, v_proj.weight) THEN
+            IF v_pass = 1 AND pgd_fairer_candidate_exists(v_pools, c.org_id, v_proj) THEN
                 v_retry := true;
                 RAISE EXCEPTION USING ERRCODE = 'PDSKP';
             END IF;

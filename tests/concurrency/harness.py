@@ -234,8 +234,8 @@ def attempt_shapes(conn) -> list[dict[str, Any]]:
 
 
 # A deliberately broken claim. It judges eligibility, capacity and the target on a plain
-# read, widens the window with pg_sleep, then takes every reservation unconditionally, in
-# the documented lock order. With p_skip_locked it then takes a job of the chosen project
+# read, widens the window with pg_sleep, then takes every reservation unconditionally
+# (organization, project, pool: the order before migration 0007). With p_skip_locked it then takes a job of the chosen project
 # and pool with FOR UPDATE SKIP LOCKED, as pgd_claim does (so racers get different jobs and
 # only the stale capacity and target checks are wrong); without, it runs the job it read,
 # never locked and never re-checked. Same result columns as pgd_claim.

@@ -94,7 +94,9 @@ class Summary:
 
 # A deliberately broken pgd_claim (same signature and result): check-then-act capacity. It
 # judges organization, project and pool capacity on a plain read, widens the window with a
-# pg_sleep, then reserves all three unconditionally (in lock order). The job is still taken
+# pg_sleep, then reserves all three unconditionally (in the lock order of migration 0007: job,
+# target, project, organization, pool, so that it does not deadlock against the real
+# completions and starve itself of claims). The job is still taken
 # with FOR UPDATE SKIP LOCKED and a deployment's target still only when free, so that the one
 # thing wrong is over-admission. Self-contained on purpose: it does not depend on the text
 # of the real pgd_claim.
@@ -135,12 +137,6 @@ BEGIN
     END IF;
     SELECT p.organization_id INTO v_org FROM projects p WHERE p.id = v_job.project_id;
     BEGIN
-        -- the bug: no "AND running < limit" under the row lock
-        UPDATE organizations o SET running = o.running + 1 WHERE o.id = v_org;
-        PERFORM pg_sleep(0.05);
-        UPDATE projects p SET running = p.running + 1, last_claimed_at = now()
-         WHERE p.id = v_job.project_id;
-        UPDATE pools q SET running = q.running + 1 WHERE q.id = v_job.pool_id;
         SELECT j.* INTO v_job
           FROM jobs j
          WHERE j.project_id = v_job.project_id AND j.pool_id = v_job.pool_id
@@ -160,6 +156,12 @@ BEGIN
                 RAISE EXCEPTION USING ERRCODE = 'PDSKP';
             END IF;
         END IF;
+        PERFORM pg_sleep(0.05);
+        -- the bug: no "AND running < limit" under the row locks
+        UPDATE projects p SET running = p.running + 1, last_claimed_at = now()
+         WHERE p.id = v_job.project_id;
+        UPDATE organizations o SET running = o.running + 1 WHERE o.id = v_org;
+        UPDATE pools q SET running = q.running + 1 WHERE q.id = v_job.pool_id;
         UPDATE jobs j
            SET state = 'running', generation = j.generation + 1,
                attempts_made = j.attempts_made + 1, started_at = coalesce(j.started_at, now())

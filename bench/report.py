@@ -48,7 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CHART = ROOT / "docs" / "benchmarks.png"
-KIND_ORDER = {"pgdispatch": 0, "peer": 1, "ceiling": 2}
+KIND_ORDER = {"pgdispatch": 0, "prototype": 1, "peer": 2, "ceiling": 3}
 
 FULL = {"clients": "1,4,8,16", "repeats": 3, "jobs": 10_000, "tpcb_seconds": 10.0,
         "history": 1_000_000, "queued_sizes": "10000,100000,1000000", "latency_claims": 1000}
@@ -57,10 +57,11 @@ QUICK = {"clients": "1,4", "repeats": 1, "jobs": 1000, "tpcb_seconds": 3.0,
 
 
 def all_series() -> dict[str, Any]:
-    """Every throughput series by name, pgdispatch's first, then the peers, the ceilings."""
-    from . import ceiling, claim, peers
+    """Every throughput series by name, pgdispatch's first, then the prototypes
+    (``bench/prototypes.py``; run only when named), the peers, the ceilings."""
+    from . import ceiling, claim, peers, prototypes
 
-    return {**claim.SERIES, **peers.SERIES, **ceiling.SERIES}
+    return {**claim.SERIES, **prototypes.SERIES, **peers.SERIES, **ceiling.SERIES}
 
 
 def _ints(text: str) -> list[int]:
@@ -112,7 +113,8 @@ def parse(argv: Sequence[str], *, prog: str, only: Sequence[str] | None,
     opts.queued_sizes = _ints(opts.queued_sizes)
     known = all_series()
     wanted = opts.series or env.get("BENCH_SERIES")
-    opts.series = [s for s in (wanted.split(",") if wanted else (only if only is not None else known))
+    default = [s for s, series in known.items() if series.kind != "prototype"]
+    opts.series = [s for s in (wanted.split(",") if wanted else (only if only is not None else default))
                    if s]
     unknown = [s for s in opts.series if s not in known]
     if unknown:
@@ -267,11 +269,11 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float
 
 
 def ratios(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """{"<pgdispatch series>/<other>": {N: median ratio}} for every pgdispatch series against
-    every peer and ceiling that ran at that N."""
+    """{"<pgdispatch series>/<other>": {N: median ratio}} for every pgdispatch (and prototype)
+    series against every peer and ceiling that ran at that N."""
     summary, kinds = doc["summary"], {k: v["kind"] for k, v in doc["series"].items()}
     out: dict[str, dict[str, float]] = {}
-    for p in (s for s in summary if kinds.get(s) == "pgdispatch"):
+    for p in (s for s in summary if kinds.get(s) in ("pgdispatch", "prototype")):
         for other in (s for s in summary if kinds.get(s) in ("peer", "ceiling")):
             cells = {n: summary[p][n]["median"] / summary[other][n]["median"]
                      for n in summary[p] if n in summary[other] and summary[other][n]["median"]}
@@ -357,7 +359,7 @@ def chart(doc: dict[str, Any], path: Path) -> Path:
     fig, axes = plt.subplots(1, 2 if has_latency else 1, figsize=(13 if has_latency else 8, 5.2),
                              squeeze=False)
     ax = axes[0][0]
-    styles = {"pgdispatch": "-", "peer": "--", "ceiling": ":"}
+    styles = {"pgdispatch": "-", "prototype": "-.", "peer": "--", "ceiling": ":"}
     for s, meta in sorted(doc["series"].items(), key=lambda kv: KIND_ORDER[kv[1]["kind"]]):
         cells = doc["summary"].get(s)
         if not cells:

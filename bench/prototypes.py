@@ -75,6 +75,20 @@ CREATE TRIGGER proto_sync_slots AFTER INSERT OR UPDATE OF slots ON pools
     FOR EACH ROW EXECUTE FUNCTION proto_sync_slots();
 """
 
+
+def take_slot(table: str, owner: str, owner_id: str) -> str:
+    """PL/pgSQL: take one free slot row of ``table`` for ``owner`` = ``owner_id`` (SKIP LOCKED,
+    never waits), or pass the candidate over."""
+    return f"""\
+            UPDATE {table} s SET job_id = v_job.id
+             WHERE (s.{owner}, s.slot_no) = (
+                   SELECT f.{owner}, f.slot_no FROM {table} f
+                    WHERE f.{owner} = {owner_id} AND f.job_id IS NULL
+                    LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED);
+            IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+"""
+
+
 # (function, statements as migrated, the prototype's statements)
 REPLACEMENTS = (
     ("pgd_claim", """\
@@ -85,20 +99,8 @@ REPLACEMENTS = (
             UPDATE pools q SET running = q.running + 1
              WHERE q.id = c.pool_id AND q.running < q.slots;
             IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
-""", """\
-            UPDATE proto_organization_slots s SET job_id = v_job.id
-             WHERE (s.organization_id, s.slot_no) = (
-                   SELECT f.organization_id, f.slot_no FROM proto_organization_slots f
-                    WHERE f.organization_id = c.org_id AND f.job_id IS NULL
-                    LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED);
-            IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
-            UPDATE proto_pool_slots s SET job_id = v_job.id
-             WHERE (s.pool_id, s.slot_no) = (
-                   SELECT f.pool_id, f.slot_no FROM proto_pool_slots f
-                    WHERE f.pool_id = c.pool_id AND f.job_id IS NULL
-                    LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED);
-            IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
-"""),
+""", take_slot("proto_organization_slots", "organization_id", "c.org_id")
+        + take_slot("proto_pool_slots", "pool_id", "c.pool_id")),
     ("pgd_complete_attempt", """\
         UPDATE organizations SET running = running - 1 WHERE id = v_ids.org_id;
         UPDATE pools SET running = running - 1 WHERE id = v_ids.pool_id;

@@ -17,7 +17,8 @@ register their own runner row (``sql.transitions.register_runner``) and wait on 
 barrier; then each loops a *cycle* until no queued job is left. The clock runs from the
 barrier until the last worker has finished (all jobs completed and the queue seen empty);
 jobs/s = jobs / that wall-clock time, in seconds. After each run the database is checked:
-every job succeeded and every capacity counter is back to 0.
+every job succeeded, the project counters are back to 0 and no organization or pool slot is
+held.
 
 Cycles (``@cycle`` registers one; each becomes two series, limits free and limits binding):
 
@@ -83,9 +84,9 @@ SELECT (SELECT count(*) FROM jobs WHERE state = 'succeeded') AS succeeded,
        (SELECT count(*) FROM jobs) AS jobs,
        (SELECT count(*) FROM attempts WHERE state = 'succeeded') AS attempts,
        (SELECT count(*) FROM delivery_receipts) AS receipts,
-       (SELECT coalesce(sum(running), 0) FROM organizations)
+       (SELECT coalesce(sum(pgd_organization_running(id)), 0) FROM organizations)
      + (SELECT coalesce(sum(running), 0) FROM projects)
-     + (SELECT coalesce(sum(running), 0) FROM pools) AS running
+     + (SELECT coalesce(sum(pgd_pool_running(id)), 0) FROM pools) AS running
 """
 
 SERVER_SETTINGS = ("server_version", "fsync", "synchronous_commit", "full_page_writes",
@@ -239,9 +240,10 @@ def prepare(url: str, *, jobs: int, projects: int, limit: dict[str, int], warmup
 
 
 def check_done(url: str, jobs: int) -> dict[str, int]:
-    """Verify a run: every job succeeded once, with one attempt and one receipt, and every
-    capacity counter is back to 0. Raises AssertionError otherwise. ``jobs`` counts every
-    job in the database, warm-up included."""
+    """Verify a run: every job succeeded once, with one attempt and one receipt, and nothing
+    still holds capacity (``running``: the project counters plus the held organization and
+    pool slots, 0). Raises AssertionError otherwise. ``jobs`` counts every job in the
+    database, warm-up included."""
     with db.connect(url, application_name="bench-check") as conn:
         row = conn.execute(CHECK_DONE).fetchone()
     expected = {"succeeded": jobs, "jobs": jobs, "attempts": jobs, "receipts": jobs, "running": 0}

@@ -21,7 +21,8 @@ script's client takes the projects in turn (client ``i``'s cycle ``k`` claims fr
 ``(i + k) mod 4``). Afterwards the database is checked: every job succeeded, with one
 succeeded attempt, with the generation its variant gives, with a delivery receipt if the
 variant writes them, two audit events per job if it writes them, every capacity counter back
-to 0 and every slot free. A run whose pgbench fails or whose check fails is reported as an
+to 0 (the projects' and the variant's own counter rows) and every slot free (the variant's own
+and the product's ``organization_slots`` / ``pool_slots``). A run whose pgbench fails or whose check fails is reported as an
 error; the others go on. For each repeat and each N every variant runs once, the first
 variant rotating with the repeat, so that drift of the machine falls on all of them alike.
 
@@ -46,12 +47,20 @@ Variants (``all_variants``; the ratio of each is taken against the one named in 
 * ``d`` [c] + capacity as counter rows: conditional ``UPDATE ... SET running = running + 1
   WHERE running < limit`` of the organization, the project, the pool (that lock order) before
   the job is taken; ``running - 1`` of the same rows first thing in the completion. Each row
-  lock is held to the end of its transaction, commit (and its disk flush) included.
+  lock is held to the end of its transaction, commit (and its disk flush) included. Since
+  migration 0008 the organization and pool have no counter (their capacity is the product's
+  slot rows), so their counter rows are scratch tables of the run's database,
+  ``bench_organization_counters`` and ``bench_pool_counters`` (id, running, limit; fillfactor
+  50, as the migrated counter tables were), one row each, with the limits of the organization
+  and the pool; the project's is ``projects.running``, as in the product.
 * ``e`` [c] capacity as slot rows instead: a scratch table ``bench_capacity_slots`` (only in
   the run's database) with ``--slots`` rows for the organization and as many for the pool; the
   claim takes the lowest free slot of each with ``FOR UPDATE SKIP LOCKED``, in the statement
   that takes the job, and marks both with the job id; the completion frees them by key. No
-  project accounting.
+  project accounting. The table is the bench's own, not the product's ``organization_slots`` /
+  ``pool_slots`` (migration 0008): its ``job_id`` is not indexed, so taking and freeing a slot
+  are HOT updates, and the claim takes both slots in one statement; what ``product`` pays for
+  the product's slot rows is in its own ratio.
 * ``e-proj`` [e] ``e`` + the project's counter row, taken and released as in ``d`` (the
   fairness order reads ``projects.running``): the same three levels as ``d``, with the
   organization and pool rows, which every transaction touches, as slot rows instead of
@@ -61,7 +70,8 @@ Variants (``all_variants``; the ratio of each is taken against the one named in 
   its own implicit transaction: what remains is the functions' own work (fairness reads of
   the candidates, PL/pgSQL, subtransactions, locking reads before the updates, validation).
 * ``a-rt`` [a], ``d-rt`` [d]: ``a`` and ``d`` with BEGIN/COMMIT, one round trip per statement.
-* ``d-ff100`` [d]: ``d`` with the counter tables rewritten at fillfactor 100 (migrated: 50).
+* ``d-ff100`` [d]: ``d`` with the counter tables (``projects`` and ``d``'s two scratch
+  tables) rewritten at fillfactor 100 (migrated: 50).
 * ``idx-partial``, ``idx-full`` [idx-partial]: ``a`` on a table that also holds ``--history``
   finished jobs (succeeded, inserted before the queued ones, no attempts), with the claim index
   ``jobs_claim_idx`` dropped and recreated after the load either partial (``WHERE state =
@@ -188,17 +198,37 @@ ROTATE_PROJECT = r"""\set cycle :cycle + 1
 \set project_id :project_first + (:client_id + :cycle) % :projects
 """
 
+# The organization's and the pool's counter rows of variant d (migration 0008 dropped the
+# `running` columns of organizations and pools): scratch tables shaped like those columns,
+# one row each, at the migrated counter tables' fillfactor. Limits as the product's.
+CREATE_COUNTERS = """
+CREATE TABLE bench_organization_counters (
+    id          bigint  PRIMARY KEY,
+    max_running integer NOT NULL,
+    running     integer NOT NULL DEFAULT 0 CHECK (running >= 0)
+) WITH (fillfactor = 50);
+CREATE TABLE bench_pool_counters (
+    id      bigint  PRIMARY KEY,
+    slots   integer NOT NULL,
+    running integer NOT NULL DEFAULT 0 CHECK (running >= 0)
+) WITH (fillfactor = 50);
+INSERT INTO bench_organization_counters (id, max_running) SELECT id, max_running FROM organizations;
+INSERT INTO bench_pool_counters (id, slots) SELECT id, slots FROM pools;
+"""
+COUNTER_TABLES = ("bench_organization_counters", "projects", "bench_pool_counters")
+
 # lock order: organization -> project -> pool -> job (DESIGN.md); the limits never bind
 TAKE_COUNTERS = (
-    "UPDATE organizations SET running = running + 1 WHERE id = :org_id AND running < max_running",
+    "UPDATE bench_organization_counters SET running = running + 1\n"
+    " WHERE id = :org_id AND running < max_running",
     "UPDATE projects SET running = running + 1\n"
     " WHERE id = :project_id AND (max_running IS NULL OR running < max_running)",
-    "UPDATE pools SET running = running + 1 WHERE id = :pool_id AND running < slots",
+    "UPDATE bench_pool_counters SET running = running + 1 WHERE id = :pool_id AND running < slots",
 )
 RELEASE_COUNTERS = (
-    "UPDATE organizations SET running = running - 1 WHERE id = :org_id",
+    "UPDATE bench_organization_counters SET running = running - 1 WHERE id = :org_id",
     "UPDATE projects SET running = running - 1 WHERE id = :project_id",
-    "UPDATE pools SET running = running - 1 WHERE id = :pool_id",
+    "UPDATE bench_pool_counters SET running = running - 1 WHERE id = :pool_id",
 )
 
 # The scratch table of variant e: one row per unit of capacity. job_id is not indexed, so
@@ -402,20 +432,33 @@ SELECT (SELECT count(*) FROM jobs) AS jobs,
          WHERE j.generation = 1 AND a.generation = 1) AS fenced,
        (SELECT count(*) FROM delivery_receipts) AS receipts,
        (SELECT count(*) FROM audit_events) AS audit_events,
-       (SELECT coalesce(sum(running), 0) FROM organizations)
-     + (SELECT coalesce(sum(running), 0) FROM projects)
-     + (SELECT coalesce(sum(running), 0) FROM pools) AS running
+       (SELECT coalesce(sum(running), 0) FROM projects) AS running,
+       (SELECT count(*) FROM organization_slots WHERE job_id IS NOT NULL)
+     + (SELECT count(*) FROM pool_slots WHERE job_id IS NOT NULL) AS product_slots_held
 """
 
+# what only some variants' databases have: the counter rows of d, the slot rows of e
+COUNTERS_RUNNING = """
+SELECT (SELECT coalesce(sum(running), 0) FROM bench_organization_counters)
+     + (SELECT coalesce(sum(running), 0) FROM bench_pool_counters) AS n
+"""
 SLOTS_HELD = "SELECT count(*) AS n FROM bench_capacity_slots WHERE job_id IS NOT NULL"
 
 
 def facts(url: str) -> dict[str, int]:
-    """Counts that a run's check compares (jobs, attempts, receipts, audit events, ...)."""
+    """Counts that a run's check compares (jobs, attempts, receipts, audit events, capacity
+    held: ``running`` sums the project counters and, when the variant has them, its own
+    counter rows; ``slots_held`` counts the variant's own held slots; ``product_slots_held``
+    the product's)."""
     with db.connect(url, application_name="bench-costs-check") as conn:
         out = {k: int(v) for k, v in conn.execute(FACTS).fetchone().items()}
-        has_slots = conn.execute("SELECT to_regclass('bench_capacity_slots') AS t").fetchone()["t"]
-        out["slots_held"] = conn.execute(SLOTS_HELD).fetchone()["n"] if has_slots else 0
+
+        def has(table: str) -> bool:
+            return conn.execute("SELECT to_regclass(%s) AS t", (table,)).fetchone()["t"] is not None
+
+        if has("bench_organization_counters"):
+            out["running"] += int(conn.execute(COUNTERS_RUNNING).fetchone()["n"])
+        out["slots_held"] = conn.execute(SLOTS_HELD).fetchone()["n"] if has("bench_capacity_slots") else 0
     return out
 
 
@@ -427,7 +470,8 @@ def expected_facts(v: Variant, jobs: int, before: dict[str, int]) -> dict[str, i
     return {"jobs": before["jobs"], "not_succeeded": 0, "attempts": jobs,
             "attempts_succeeded": jobs, "fenced": jobs if fenced else 0,
             "receipts": jobs if writes_receipts else 0,
-            "audit_events": before["audit_events"] + audit, "running": 0, "slots_held": 0}
+            "audit_events": before["audit_events"] + audit, "running": 0, "slots_held": 0,
+            "product_slots_held": 0}
 
 
 # --- server CPU ---------------------------------------------------------------------------------
@@ -557,12 +601,15 @@ def set_up(url: str, v: Variant, jobs: int, opts: argparse.Namespace) -> dict[st
         if project_ids != list(range(project_ids[0], project_ids[0] + PROJECTS)):
             raise AssertionError(f"project ids are not consecutive: {project_ids}")
         org_id = conn.execute("SELECT id FROM organizations").fetchone()["id"]
+        if "counters" in v.pieces:
+            conn.execute(CREATE_COUNTERS)
+            conn.execute("VACUUM ANALYZE bench_organization_counters, bench_pool_counters")
         if "slots" in v.pieces:
             conn.execute(CREATE_SLOTS)
             conn.execute(INSERT_SLOTS, {"org_id": org_id, "pool_id": pool_id, "slots": opts.slots})
             conn.execute("VACUUM ANALYZE bench_capacity_slots")
         if v.fillfactor is not None:
-            for table in ("organizations", "projects", "pools"):
+            for table in COUNTER_TABLES:
                 conn.execute(f"ALTER TABLE {table} SET (fillfactor = {int(v.fillfactor)})")
                 conn.execute(f"VACUUM FULL {table}")
         settings = list(v.planner)

@@ -83,14 +83,22 @@ GLOBAL_ORDER = """(SELECT ARRAY[-j.priority::bigint, j.id]
                      LIMIT 1)"""
 
 # pgd_claim_candidates' ORDER BY (the fairness order), up to its LIMIT.
-_CANDIDATE_ORDER = re.compile(r"(\n\s*ORDER BY )(.*?)(\n\s*LIMIT \d+;)", re.S)
+_CANDIDATE_ORDER = re.compile(r"(\n\s*ORDER BY )((?:(?!ORDER BY).)*?)(\n\s*LIMIT \d+;?)(?=\n)", re.S)
 
 def function_sql(name: str) -> str:
-    """The text of ``CREATE FUNCTION name(...) ... $$;`` in migrations/0002_transitions.sql."""
-    text = (migrate.MIGRATIONS_DIR / "0002_transitions.sql").read_text()
-    start = text.index(f"CREATE FUNCTION {name}(")
-    body = text.index("AS $$", start)
-    return text[start:text.index("$$;", body + len("AS $$")) + len("$$;")]
+    """The text of ``CREATE [OR REPLACE] FUNCTION name(...) ... $$;`` as last (re)defined in
+    sql/migrations (the migrated function), written as ``CREATE FUNCTION``.
+
+    Raises:
+        ValueError: no migration defines ``name``.
+    """
+    for path in sorted(migrate.MIGRATIONS_DIR.glob("*.sql"), reverse=True):
+        text = path.read_text().replace(f"CREATE OR REPLACE FUNCTION {name}(", f"CREATE FUNCTION {name}(")
+        start = text.find(f"CREATE FUNCTION {name}(")
+        if start >= 0:
+            body = text.index("AS $$", start)
+            return text[start:text.index("$$;", body + len("AS $$")) + len("$$;")]
+    raise ValueError(f"no migration defines {name}")
 
 
 def variant_sql(name: str, replace: Sequence[tuple[str, str]] = (), *,

@@ -48,6 +48,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 CHART = ROOT / "docs" / "benchmarks.png"
+# "prototype" (bench/prototypes.py, retired with migration 0008): only in saved results, which
+# `python -m bench report` can still print and draw (here and in chart's styles)
 KIND_ORDER = {"pgdispatch": 0, "prototype": 1, "peer": 2, "ceiling": 3}
 
 FULL = {"clients": "1,4,8,16", "repeats": 3, "jobs": 10_000, "tpcb_seconds": 10.0,
@@ -57,11 +59,10 @@ QUICK = {"clients": "1,4", "repeats": 1, "jobs": 1000, "tpcb_seconds": 3.0,
 
 
 def all_series() -> dict[str, Any]:
-    """Every throughput series by name, pgdispatch's first, then the prototypes
-    (``bench/prototypes.py``; run only when named), the peers, the ceilings."""
-    from . import ceiling, claim, peers, prototypes
+    """Every throughput series by name, pgdispatch's first, then the peers, the ceilings."""
+    from . import ceiling, claim, peers
 
-    return {**claim.SERIES, **prototypes.SERIES, **peers.SERIES, **ceiling.SERIES}
+    return {**claim.SERIES, **peers.SERIES, **ceiling.SERIES}
 
 
 def _ints(text: str) -> list[int]:
@@ -113,8 +114,7 @@ def parse(argv: Sequence[str], *, prog: str, only: Sequence[str] | None,
     opts.queued_sizes = _ints(opts.queued_sizes)
     known = all_series()
     wanted = opts.series or env.get("BENCH_SERIES")
-    default = [s for s, series in known.items() if series.kind != "prototype"]
-    opts.series = [s for s in (wanted.split(",") if wanted else (only if only is not None else default))
+    opts.series = [s for s in (wanted.split(",") if wanted else (only if only is not None else known))
                    if s]
     unknown = [s for s in opts.series if s not in known]
     if unknown:
@@ -269,11 +269,11 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float
 
 
 def ratios(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """{"<pgdispatch series>/<other>": {N: median ratio}} for every pgdispatch (and prototype)
-    series against every peer and ceiling that ran at that N."""
+    """{"<pgdispatch series>/<other>": {N: median ratio}} for every pgdispatch series against
+    every peer and ceiling that ran at that N."""
     summary, kinds = doc["summary"], {k: v["kind"] for k, v in doc["series"].items()}
     out: dict[str, dict[str, float]] = {}
-    for p in (s for s in summary if kinds.get(s) in ("pgdispatch", "prototype")):
+    for p in (s for s in summary if kinds.get(s) == "pgdispatch"):
         for other in (s for s in summary if kinds.get(s) in ("peer", "ceiling")):
             cells = {n: summary[p][n]["median"] / summary[other][n]["median"]
                      for n in summary[p] if n in summary[other] and summary[other][n]["median"]}

@@ -54,6 +54,6 @@ SELECT * FROM pgd_claim_batch(:runner_id, CAST(:pool_ids AS bigint[]),
                               CAST(:claim_tokens AS uuid[]), :lease_seconds);
 
 -- name: complete_batch
--- Several outcomes in one transaction, in the global lock order (counter rows last); see pgd_complete_batch.
+-- Several outcomes in one transaction, in the global lock order (project counters and slots last); see pgd_complete_batch.
 SELECT pgd_complete_batch(CAST(:items AS jsonb), :backoff_base_seconds,
                           :backoff_cap_seconds) AS answer;

@@ -132,7 +132,8 @@ def list_api_tokens(conn) -> list[dict[str, Any]]:
 
 @transition("list_limits")
 def list_limits(conn) -> dict[str, list[dict[str, Any]]]:
-    """Organizations, projects and pools with their limits and running counts."""
+    """Organizations, projects and pools with their limits and running counts (for
+    organizations and pools, their held slots)."""
     return {"organizations": list(Q.list_organizations(conn)),
             "projects": list(Q.list_projects(conn)),
             "pools": list(Q.list_pools(conn))}
@@ -271,8 +272,10 @@ def set_organization_limit(conn, *, organization: str, max_running: int,
                            expected_max_running: int, actor: str,
                            reason: str | None = None) -> dict[str, Any]:
     """Set an organization's concurrency limit (0–100000), if it is still
-    ``expected_max_running``; audited. Lowering it below the running count stops new
-    claims only.
+    ``expected_max_running``; audited. Its slot rows follow the limit (migration 0008): a
+    lowering deletes the free ones above it and keeps the held ones until their jobs end, so
+    lowering it below the running count stops new claims only. ``running`` in the answer is
+    the held slots as of the change.
 
     Raises: InvalidInput; NotFound; AlreadyResolved (someone changed it since).
     """
@@ -325,8 +328,10 @@ def set_project_limits(conn, *, project: str, max_running: int | None, weight: i
 @transition("set_pool_slots")
 def set_pool_slots(conn, *, pool: str, slots: int, expected_slots: int, actor: str,
                    reason: str | None = None) -> dict[str, Any]:
-    """Set a pool's slots (0–100000), if still ``expected_slots``; audited. Lowering them
-    below the running count stops new claims only.
+    """Set a pool's slots (0–100000), if still ``expected_slots``; audited. Its slot rows
+    follow (migration 0008): lowering them deletes the free ones above and keeps the held
+    ones until their jobs end, so lowering below the running count stops new claims only.
+    ``running`` in the answer is the held slots as of the change.
 
     Raises: InvalidInput; NotFound; AlreadyResolved (someone changed them since).
     """

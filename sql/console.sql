@@ -68,8 +68,10 @@ SELECT t.id, t.name, t.revoked_at, u.username
 UPDATE api_tokens SET revoked_at = now() WHERE id = :token_id RETURNING revoked_at;
 
 -- name: lock_organization^
--- Lock an organization's row before changing its limit (first in the lock order).
-SELECT id, name, max_running, running FROM organizations WHERE name = :name FOR UPDATE;
+-- Lock an organization's row before changing its limit (first in the lock order), with its
+-- running count: its held slots (migration 0008).
+SELECT id, name, max_running, pgd_organization_running(id) AS running
+  FROM organizations WHERE name = :name FOR UPDATE;
 
 -- name: update_organization_limit!
 -- Set an organization's concurrency limit; below the running count it only stops new claims.
@@ -84,8 +86,9 @@ SELECT id, name, max_running, weight, running FROM projects WHERE name = :name F
 UPDATE projects SET max_running = :max_running, weight = :weight WHERE id = :project_id;
 
 -- name: lock_pool^
--- Lock a pool's row before changing its slots.
-SELECT id, name, slots, running FROM pools WHERE name = :name FOR UPDATE;
+-- Lock a pool's row before changing its slots, with its running count: its held slots
+-- (migration 0008).
+SELECT id, name, slots, pgd_pool_running(id) AS running FROM pools WHERE name = :name FOR UPDATE;
 
 -- name: update_pool_slots!
 -- Set a pool's slots; below the running count it only stops new claims.

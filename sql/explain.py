@@ -1,8 +1,9 @@
 """Why is this job waiting? Reasons in DESIGN.md's order of precedence, with numbers.
 
 Durable blockers (dependency, approval) come from the job row; everything else is derived at
-read time from the small tables (organizations, projects, pools, runners, targets) read once
-into a ``World`` snapshot, so explaining a page of fifty jobs costs a handful of queries.
+read time from the small tables (organizations and pools with their held slots, projects,
+runners, targets) read once into a ``World`` snapshot, so explaining a page of fifty jobs
+costs a handful of queries.
 """
 
 from __future__ import annotations

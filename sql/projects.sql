@@ -16,12 +16,12 @@ SELECT p.id, p.name, p.organization_id, o.name AS organization, p.weight, p.max_
  ORDER BY o.name, p.name;
 
 -- name: list_organizations
--- Every organization with its limit and running count. Read-only.
-SELECT id, name, max_running, running FROM organizations ORDER BY name;
+-- Every organization with its limit and running count (its held slots). Read-only.
+SELECT id, name, max_running, pgd_organization_running(id) AS running FROM organizations ORDER BY name;
 
 -- name: list_pools
--- Every pool with its slots and running count. Read-only.
-SELECT id, name, slots, running FROM pools ORDER BY name;
+-- Every pool with its slots and running count (its held slots). Read-only.
+SELECT id, name, slots, pgd_pool_running(id) AS running FROM pools ORDER BY name;
 
 -- name: list_grants
 -- Which project may run on which pool. Read-only.

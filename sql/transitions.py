@@ -88,9 +88,10 @@ def claim(conn, *, runner_id: int, pools: Sequence[int], claim_token: str,
           lease_seconds: float) -> Claim | None:
     """Claim the next eligible job for ``runner_id`` on any of ``pools`` (pool ids).
 
-    One transaction: job taken with SKIP LOCKED, then project, organization and pool capacity
-    reserved in lock order (the shared counter rows last), generation bumped, attempt inserted
-    with a lease of ``lease_seconds`` (see pgd_claim in migrations/0007_hot_rows_last.sql).
+    One transaction: job taken with SKIP LOCKED, then capacity reserved in lock order (the
+    project row's counter, then a free organization slot and a free pool slot, each SKIP
+    LOCKED), generation bumped, attempt inserted with a lease of ``lease_seconds`` (see
+    pgd_claim in migrations/0008_slot_rows.sql).
     Returns None when nothing is eligible.
 
     Raises:
@@ -107,7 +108,7 @@ def claim(conn, *, runner_id: int, pools: Sequence[int], claim_token: str,
 def claim_batch(conn, *, runner_id: int, pools: Sequence[int], claim_tokens: Sequence[str],
                 lease_seconds: float) -> list[Claim]:
     """Claim up to ``len(claim_tokens)`` build jobs of one (project, pool) in one transaction
-    (pgd_claim_batch, migrations/0007_hot_rows_last.sql): same fairness, lock order and capacity
+    (pgd_claim_batch, migrations/0008_slot_rows.sql): same fairness, lock order and capacity
     checks as ``claim``; deployments are left to ``claim``. Returns the claims (maybe none).
 
     Raises:

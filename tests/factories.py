@@ -75,12 +75,14 @@ class World:
         return self.conn.execute(f"SELECT * FROM {table} WHERE id = %s", (id_,)).fetchone()
 
     def counters(self) -> dict[str, int]:
-        """Sum of running counters per table, and the running attempts that back them."""
+        """Running jobs summed over organizations and pools (their held slots) and projects
+        (their counters), and the running attempts that back them."""
         c = self.conn
         return {
-            "org": c.execute("SELECT coalesce(sum(running),0) AS n FROM organizations").fetchone()["n"],
+            "org": c.execute("SELECT coalesce(sum(pgd_organization_running(id)),0) AS n "
+                             "FROM organizations").fetchone()["n"],
             "project": c.execute("SELECT coalesce(sum(running),0) AS n FROM projects").fetchone()["n"],
-            "pool": c.execute("SELECT coalesce(sum(running),0) AS n FROM pools").fetchone()["n"],
+            "pool": c.execute("SELECT coalesce(sum(pgd_pool_running(id)),0) AS n FROM pools").fetchone()["n"],
             "attempts": c.execute("SELECT count(*) AS n FROM attempts WHERE state='running'").fetchone()["n"],
         }
 

@@ -4,18 +4,21 @@ Three instruments:
 
 * ``run_together`` runs one callable per thread, each on its own connection, all released
   at once by a ``threading.Barrier``, and returns every result or exception.
-* ``Watcher`` samples, in one snapshot per sample, every capacity counter beside its limit
-  and beside the number of running attempts that should back it (and every target beside
-  the jobs holding it), and records each sample where a counter is over its limit or
-  disagrees with the attempts.
+* ``Watcher`` samples, in one snapshot per sample, every organization's and pool's held
+  slots and every project's ``running`` counter beside its limit and beside the running
+  attempts that should back them (and every target beside the jobs holding it), and records
+  each sample where the capacity in use is over its limit or disagrees with the attempts.
 * ``max_overlaps`` sweeps the attempts' ``[claimed_at, finished_at)`` intervals for the
   most attempts that held one organization, project, pool or target at once. That sweep is
   exact because pgd_claim, pgd_complete and pgd_expire_one stamp those columns with
-  ``clock_timestamp()`` *after* locking the organization, project and pool rows, locks held
-  to commit: for two transactions touching the same row the stamps are in commit order.
-  (Stamped with ``now()``, the start of the transaction, they were not: a claim that began
-  before a completion and then waited for its lock looked as if it overlapped it, and a
-  correct run of test_claim_races showed "pool linux: 12 of 8".)
+  ``clock_timestamp()`` *after* taking or freeing the job's organization and pool slot rows
+  and updating its project row, locks held to commit: for two transactions touching the
+  same row the stamps are in commit order, and a slot row freed by one attempt is taken by
+  the next only after that release committed, so the attempts of one slot never overlap
+  (migration 0008; before it the organization and pool rows were counters locked the same
+  way). (Stamped with ``now()``, the start of the transaction, they were not: a claim that
+  began before a completion and then waited for its lock looked as if it overlapped it, and
+  a correct run of test_claim_races showed "pool linux: 12 of 8".)
 
 The ``BROKEN_*`` functions are deliberately wrong copies of the transitions, installed in a
 test's database only to show that these instruments catch what they are meant to catch.
@@ -89,10 +92,13 @@ def raise_first_error(outcomes: list[Outcome]) -> None:
             raise o.error
 
 
-# One snapshot: every counter, its limit, and what actually backs it.
+# One snapshot: the capacity in use (held slots of each organization and pool, the counter of
+# each project), its limit, and what actually backs it. An organization's or a pool's held
+# slots agree with the attempts when there are as many as running attempts and each is held
+# by a job with a running attempt there (a job holds at most one: the held-slot indexes).
 SAMPLE_SQL = """
 WITH live AS (
-    SELECT p.organization_id AS org_id, j.project_id, j.pool_id, j.target_id
+    SELECT p.organization_id AS org_id, j.project_id, j.pool_id, j.target_id, j.id AS job_id
       FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN projects p ON p.id = j.project_id
      WHERE a.state = 'running'
 ), holders AS (
@@ -100,19 +106,33 @@ WITH live AS (
       FROM jobs j WHERE j.state IN ('running', 'uncertain') AND j.target_id IS NOT NULL
      GROUP BY j.target_id
 )
-SELECT 'organization' AS kind, o.name, o.running, o.max_running AS lim,
-       o.running = (SELECT count(*) FROM live WHERE live.org_id = o.id) AS ok
+SELECT 'organization' AS kind, o.name, 'held-slot count' AS what, h.n AS running,
+       o.max_running AS lim,
+       h.n = (SELECT count(*) FROM live WHERE live.org_id = o.id)
+       AND NOT EXISTS (SELECT 1 FROM organization_slots s
+                        WHERE s.organization_id = o.id AND s.job_id IS NOT NULL
+                          AND NOT EXISTS (SELECT 1 FROM live
+                                           WHERE live.org_id = o.id AND live.job_id = s.job_id))
+       AS ok
   FROM organizations o
+ CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM organization_slots s
+                      WHERE s.organization_id = o.id AND s.job_id IS NOT NULL) h
 UNION ALL
-SELECT 'project', p.name, p.running, p.max_running,
+SELECT 'project', p.name, 'counter', p.running, p.max_running,
        p.running = (SELECT count(*) FROM live WHERE live.project_id = p.id)
   FROM projects p
 UNION ALL
-SELECT 'pool', q.name, q.running, q.slots,
-       q.running = (SELECT count(*) FROM live WHERE live.pool_id = q.id)
+SELECT 'pool', q.name, 'held-slot count', h.n, q.slots,
+       h.n = (SELECT count(*) FROM live WHERE live.pool_id = q.id)
+       AND NOT EXISTS (SELECT 1 FROM pool_slots s
+                        WHERE s.pool_id = q.id AND s.job_id IS NOT NULL
+                          AND NOT EXISTS (SELECT 1 FROM live
+                                           WHERE live.pool_id = q.id AND live.job_id = s.job_id))
   FROM pools q
+ CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM pool_slots s
+                      WHERE s.pool_id = q.id AND s.job_id IS NOT NULL) h
 UNION ALL
-SELECT 'target', t.name, coalesce(h.n, 0)::integer, 1,
+SELECT 'target', t.name, 'holder count', coalesce(h.n, 0)::integer, 1,
        (t.state = 'free') = (h.n IS NULL)
        AND (h.n IS NULL OR (h.n = 1 AND t.holder_job_id = h.job_id))
   FROM targets t LEFT JOIN holders h ON h.target_id = t.id
@@ -120,10 +140,12 @@ SELECT 'target', t.name, coalesce(h.n, 0)::integer, 1,
 
 
 class Watcher:
-    """A thread on its own connection sampling counters and limits until stopped.
+    """A thread on its own connection sampling the capacity in use and the limits until
+    stopped.
 
-    ``violations`` lists samples where a counter exceeded its limit or disagreed with the
-    running attempts (for a target: more than one holder, or a holder the row does not name).
+    ``violations`` lists samples where an organization's or a pool's held slots or a
+    project's counter exceeded its limit or disagreed with the running attempts (for a
+    target: more than one holder, or a holder the row does not name).
     """
 
     def __init__(self, db_url: str, *, interval_s: float = 0.002):
@@ -168,13 +190,14 @@ class Watcher:
 
 
 def violations_in(rows: list[dict[str, Any]]) -> list[str]:
-    """What is wrong in one SAMPLE_SQL snapshot: counters over limits, or disagreeing."""
+    """What is wrong in one SAMPLE_SQL snapshot: held slots or counters over their limits,
+    or disagreeing with the attempts."""
     out = []
     for r in rows:
         if r["lim"] is not None and r["running"] > r["lim"]:
             out.append(f"{r['kind']} {r['name']}: {r['running']} running, limit {r['lim']}")
         if not r["ok"]:
-            out.append(f"{r['kind']} {r['name']}: counter {r['running']} disagrees "
+            out.append(f"{r['kind']} {r['name']}: {r['what']} {r['running']} disagrees "
                        f"with the attempts or holders backing it")
     return out
 
@@ -234,11 +257,17 @@ def attempt_shapes(conn) -> list[dict[str, Any]]:
 
 
 # A deliberately broken claim. It judges eligibility, capacity and the target on a plain
-# read, widens the window with pg_sleep, then takes every reservation unconditionally
-# (organization, project, pool: the order before migration 0007). With p_skip_locked it then takes a job of the chosen project
-# and pool with FOR UPDATE SKIP LOCKED, as pgd_claim does (so racers get different jobs and
-# only the stale capacity and target checks are wrong); without, it runs the job it read,
-# never locked and never re-checked. Same result columns as pgd_claim.
+# read, widens the window with pg_sleep, then takes every reservation unconditionally: the
+# project counter without its bound, and an organization slot and a pool slot whether or not
+# one is free within the limit (the lowest free slot at any number, else a new slot row
+# numbered past the highest: so the held slots still count every claim and go over the
+# limit, as the counters did before migration 0008). With p_skip_locked it first takes a job
+# of the chosen project and pool with FOR UPDATE SKIP LOCKED, as pgd_claim does (so racers
+# get different jobs and only the stale capacity and target checks are wrong), and the rest
+# in 0008's lock order: job, target, project, organization slot, pool slot (a slot is only
+# ever waited for when two of these claims add the same new slot row). Without, it runs the
+# job it read, never locked and never re-checked: the job row is first locked by the final
+# UPDATE, after the slots. Same result columns as pgd_claim.
 BROKEN_CLAIM_SQL = """
 CREATE FUNCTION pgd_claim_broken(p_runner_id bigint, p_pool_ids bigint[], p_claim_token uuid,
                                  p_lease_seconds double precision,
@@ -261,8 +290,13 @@ BEGIN
       JOIN pools q ON q.id = j.pool_id
       LEFT JOIN targets t ON t.id = j.target_id
      WHERE j.pool_id = ANY (p_pool_ids) AND j.state = 'queued' AND j.ready_at <= now()
-       AND p.paused_at IS NULL AND o.running < o.max_running
-       AND (p.max_running IS NULL OR p.running < p.max_running) AND q.running < q.slots
+       AND p.paused_at IS NULL
+       AND EXISTS (SELECT 1 FROM organization_slots s
+                    WHERE s.organization_id = o.id AND s.job_id IS NULL
+                      AND s.slot_no <= o.max_running)
+       AND (p.max_running IS NULL OR p.running < p.max_running)
+       AND EXISTS (SELECT 1 FROM pool_slots s
+                    WHERE s.pool_id = q.id AND s.job_id IS NULL AND s.slot_no <= q.slots)
        AND (j.target_id IS NULL OR t.state = 'free')
      ORDER BY j.priority DESC, j.id
      LIMIT 1;
@@ -272,10 +306,6 @@ BEGIN
     SELECT p.organization_id INTO v_org FROM projects p WHERE p.id = v_job.project_id;
     PERFORM pg_sleep(p_sleep_seconds);  -- widen the window between the check and the act
     BEGIN
-        UPDATE organizations o SET running = o.running + 1 WHERE o.id = v_org;
-        UPDATE projects p SET running = p.running + 1, last_claimed_at = now()
-         WHERE p.id = v_job.project_id;
-        UPDATE pools q SET running = q.running + 1 WHERE q.id = v_job.pool_id;
         IF p_skip_locked THEN
             SELECT j.* INTO v_job
               FROM jobs j
@@ -292,6 +322,33 @@ BEGIN
             UPDATE targets t SET state = 'held', holder_job_id = v_job.id, held_since = now()
              WHERE t.id = v_job.target_id;
         END IF;
+        UPDATE projects p SET running = p.running + 1, last_claimed_at = now()
+         WHERE p.id = v_job.project_id;
+        -- a slot whatever the limit: the lowest free one at any number, else a new one
+        UPDATE organization_slots s SET job_id = v_job.id
+         WHERE (s.organization_id, s.slot_no) = (
+               SELECT f.organization_id, f.slot_no FROM organization_slots f
+                WHERE f.organization_id = v_org AND f.job_id IS NULL
+                ORDER BY f.slot_no
+                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
+        WHILE NOT FOUND LOOP  -- another claim adding the same number: wait for it, try the next
+            INSERT INTO organization_slots (organization_id, slot_no, job_id)
+            SELECT v_org, coalesce(max(f.slot_no), 0) + 1, v_job.id
+              FROM organization_slots f WHERE f.organization_id = v_org
+                ON CONFLICT (organization_id, slot_no) DO NOTHING;
+        END LOOP;
+        UPDATE pool_slots s SET job_id = v_job.id
+         WHERE (s.pool_id, s.slot_no) = (
+               SELECT f.pool_id, f.slot_no FROM pool_slots f
+                WHERE f.pool_id = v_job.pool_id AND f.job_id IS NULL
+                ORDER BY f.slot_no
+                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
+        WHILE NOT FOUND LOOP
+            INSERT INTO pool_slots (pool_id, slot_no, job_id)
+            SELECT v_job.pool_id, coalesce(max(f.slot_no), 0) + 1, v_job.id
+              FROM pool_slots f WHERE f.pool_id = v_job.pool_id
+                ON CONFLICT (pool_id, slot_no) DO NOTHING;
+        END LOOP;
         UPDATE jobs j
            SET state = 'running', generation = j.generation + 1,
                attempts_made = j.attempts_made + 1, started_at = coalesce(j.started_at, now())
@@ -332,8 +389,13 @@ def broken_claim(conn, *, runner_id: int, pools: list[int], sleep_s: float, skip
 
 
 # A deliberately broken expiry: the lapsed lease is found by a plain read, the window is
-# widened, then the attempt is ended and its slots released without any lock or re-check
-# (no SKIP LOCKED, no "is it still running with a lapsed lease?").
+# widened, then the attempt is ended and its capacity released without any lock or re-check
+# (no SKIP LOCKED, no "is it still running with a lapsed lease?"). The writes follow 0008's
+# lock order (job, target, attempt, project, organization slot, pool slot) and release as
+# pgd_expire_one does: the project counter is decremented, the slots the job holds are
+# freed. So a second pass over the same attempt decrements the project counter again, while
+# its slots, freed by job id, are already free (unless the job was claimed again since: then
+# it frees the new attempt's slots).
 BROKEN_EXPIRE_SQL = """
 CREATE FUNCTION pgd_expire_one_broken(p_sleep_seconds double precision) RETURNS jsonb
 LANGUAGE plpgsql AS $$
@@ -351,9 +413,6 @@ BEGIN
         RETURN NULL;
     END IF;
     PERFORM pg_sleep(p_sleep_seconds);
-    UPDATE organizations SET running = running - 1 WHERE id = c.org_id;
-    UPDATE projects SET running = running - 1 WHERE id = c.project_id;
-    UPDATE pools SET running = running - 1 WHERE id = c.pool_id;
     UPDATE jobs SET state = CASE WHEN c.target_id IS NULL THEN 'queued' ELSE 'uncertain' END,
                     failures = failures + 1
      WHERE id = c.job_id;
@@ -364,6 +423,10 @@ BEGIN
        SET state = CASE WHEN c.target_id IS NULL THEN 'expired' ELSE 'lost' END,
            finished_at = now(), error = 'lease expired'
      WHERE id = c.attempt_id;
+    UPDATE projects SET running = running - 1 WHERE id = c.project_id;
+    UPDATE organization_slots SET job_id = NULL
+     WHERE organization_id = c.org_id AND job_id = c.job_id;
+    UPDATE pool_slots SET job_id = NULL WHERE pool_id = c.pool_id AND job_id = c.job_id;
     RETURN jsonb_build_object('attempt_id', c.attempt_id, 'job_id', c.job_id,
                               'is_deployment', c.target_id IS NOT NULL);
 END;

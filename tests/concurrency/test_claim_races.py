@@ -68,14 +68,23 @@ def test_eight_claimers_on_one_job_make_exactly_one_attempt(world, db_url):
 
 def test_harness_catches_a_claim_without_skip_locked(world, db_url):
     """The broken claim neither locks the job nor re-checks its state: all eight racers
-    read it queued. The database's partial unique index (one running attempt per job)
-    still refuses the second attempt, so the harness sees seven errors; with that backstop
-    dropped it sees eight claims, eight attempts and generation 8."""
+    read it queued. The database's backstops still refuse every claim of it but the first:
+    the partial unique index of held organization slots (one per job, migration 0008) is hit
+    first, as the slots are taken before the job's row and attempt are written; with it and
+    the pool's dropped, the partial unique index of running attempts (one per job) refuses
+    the second attempt, so the harness sees seven errors either way; with that backstop
+    dropped too it sees eight claims, eight attempts and generation 8."""
     world.setup()
     runner = world.runner(slots=8)
     install_broken_claim(world.conn)
     claim = bad_claim(runner, world.pool_ids(("linux",)), sleep_s=0.2, skip_locked=False)
 
+    r = race_for_one_job(world, db_url, claim)
+    assert len(r["claims"]) == 1 and len(r["errors"]) == 7
+    assert all(isinstance(e, Conflict) and "organization_slots_held_idx" in str(e) for e in r["errors"])
+
+    world.conn.execute("DROP INDEX organization_slots_held_idx")
+    world.conn.execute("DROP INDEX pool_slots_held_idx")
     r = race_for_one_job(world, db_url, claim)
     assert len(r["claims"]) == 1 and len(r["errors"]) == 7
     assert all(isinstance(e, Conflict) and "attempts_one_running_per_job" in str(e) for e in r["errors"])
@@ -89,10 +98,13 @@ def test_harness_catches_a_claim_without_skip_locked(world, db_url):
 # --- (b) the last organization slot -------------------------------------------------------
 
 def race_for_last_slot(world, db_url, make_claim) -> dict:
+    """Two claimers at once; ``org_running`` is acme's held slots afterwards."""
     outcomes = run_together(db_url, [make_claim, make_claim])
     raise_first_error(outcomes)
-    org = world.conn.execute("SELECT running FROM organizations WHERE name = 'acme'").fetchone()
-    return {"claims": sum(o.value is not None for o in outcomes), "org_running": org["running"],
+    org = world.conn.execute("SELECT count(*) AS n FROM organization_slots s "
+                             "JOIN organizations o ON o.id = s.organization_id "
+                             "WHERE o.name = 'acme' AND s.job_id IS NOT NULL").fetchone()
+    return {"claims": sum(o.value is not None for o in outcomes), "org_running": org["n"],
             "running_attempts": world.counters()["attempts"]}
 
 
@@ -120,7 +132,8 @@ def test_two_claimers_for_the_last_organization_slot_admit_one(world, db_url):
 
 
 def test_harness_catches_a_claim_with_a_stale_capacity_check(world, db_url):
-    """Both broken claimers read 4 of 5, sleep, and both reserve: 6 of 5."""
+    """Both broken claimers read 4 of 5 slots held, sleep, and both take a slot: one takes
+    the free slot 5, the other (finding none free) a new slot 6 past the limit: 6 of 5."""
     world.setup(org_limit=5)
     runner = world.runner(slots=8)
     install_broken_claim(world.conn)
@@ -160,10 +173,10 @@ def build_loaded_world(world, *, jobs_per_project: int) -> tuple[int, list[int]]
 
 
 def test_loaded_claimers_never_exceed_any_limit_and_reach_every_one(world, db_url):
-    """300 short jobs through 12 claim -> complete loops. Sampled counters never pass their
-    limits; the sweep of the attempts' [claimed_at, finished_at) finds every limit reached and
-    none exceeded (this sweep failed with "pool linux: 12 of 8" while those columns were
-    stamped with now(): see harness.py); every job ran exactly once."""
+    """300 short jobs through 12 claim -> complete loops. Sampled held slots and counters
+    never pass their limits; the sweep of the attempts' [claimed_at, finished_at) finds every
+    limit reached and none exceeded (this sweep failed with "pool linux: 12 of 8" while those
+    columns were stamped with now(): see harness.py); every job ran exactly once."""
     runner, pools = build_loaded_world(world, jobs_per_project=75)
     report = run_load(db_url, claim=real_claim(runner, pools), loops=LOOPS, total_jobs=300)
     if report.errors:
@@ -190,8 +203,9 @@ def test_loaded_claimers_never_exceed_any_limit_and_reach_every_one(world, db_ur
 
 
 def test_harness_catches_overadmission_under_load(world, db_url):
-    """The same load with the stale-read claim: the watcher sees counters over their limits
-    and the sweep of the attempts' intervals sees more attempts than the limits at once."""
+    """The same load with the stale-read claim: the watcher sees held slots and counters
+    over their limits and the sweep of the attempts' intervals sees more attempts than the
+    limits at once."""
     runner, pools = build_loaded_world(world, jobs_per_project=15)
     install_broken_claim(world.conn)
     report = run_load(db_url, claim=bad_claim(runner, pools, sleep_s=0.03, skip_locked=True),

@@ -10,9 +10,10 @@ from the database alone:
   overlapped in time (tests/faults/consistency.history_violations);
 * the most attempts holding each organization, project and pool at once, swept from the
   attempts' ``[claimed_at, finished_at)`` intervals (tests/concurrency/harness.max_overlaps),
-  equals its limit — reached, never exceeded — and a watcher sampling the counters while
-  the schedulers ran saw none over its limit or disagreeing with the running attempts;
-* every counter is back to 0.
+  equals its limit — reached, never exceeded — and a watcher sampling the organizations' and
+  the pool's held slots and the projects' counters while the schedulers ran saw none over its
+  limit or disagreeing with the running attempts;
+* every slot is free and every project counter back to 0.
 
 The history checker is shown catching a claim that computes the next generation from a
 stale read (and the sweep, in test_claim_races.py, catching over-admission).
@@ -160,6 +161,7 @@ CREATE FUNCTION pgd_claim_stale_generation(p_job_id bigint, p_runner_id bigint,
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     v_job     jobs%ROWTYPE;
+    v_org     bigint;
     v_attempt bigint;
 BEGIN
     -- BROKEN: the job is read without a lock and the next generation computed from that read
@@ -167,14 +169,26 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    SELECT organization_id INTO v_org FROM projects WHERE id = v_job.project_id;
     PERFORM pg_sleep(p_sleep_seconds);
-    UPDATE organizations o SET running = o.running + 1
-      FROM projects p WHERE p.id = v_job.project_id AND o.id = p.organization_id;
-    UPDATE projects SET running = running + 1 WHERE id = v_job.project_id;
-    UPDATE pools SET running = running + 1 WHERE id = v_job.pool_id;
+    -- then 0008's lock order: job, project, organization slot, pool slot; the capacity is
+    -- taken as pgd_claim takes it (a free slot within the limit), not what this copy gets wrong
     UPDATE jobs SET state = 'running', generation = v_job.generation + 1,
                     attempts_made = v_job.attempts_made + 1
      WHERE id = p_job_id;
+    UPDATE projects SET running = running + 1 WHERE id = v_job.project_id;
+    UPDATE organization_slots s SET job_id = p_job_id
+     WHERE (s.organization_id, s.slot_no) = (
+           SELECT f.organization_id, f.slot_no FROM organization_slots f
+            WHERE f.organization_id = v_org AND f.job_id IS NULL
+              AND f.slot_no <= (SELECT o.max_running FROM organizations o WHERE o.id = v_org)
+            ORDER BY f.slot_no LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
+    UPDATE pool_slots s SET job_id = p_job_id
+     WHERE (s.pool_id, s.slot_no) = (
+           SELECT f.pool_id, f.slot_no FROM pool_slots f
+            WHERE f.pool_id = v_job.pool_id AND f.job_id IS NULL
+              AND f.slot_no <= (SELECT q.slots FROM pools q WHERE q.id = v_job.pool_id)
+            ORDER BY f.slot_no LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
     INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
                           claimed_at, lease_expires_at)
     VALUES (p_job_id, v_job.attempts_made + 1, v_job.generation + 1, p_runner_id,
@@ -189,7 +203,8 @@ $$;
 def test_history_checker_catches_a_claim_with_a_stale_generation(world, db_url):
     """Two of these claims racing for one job both run it with generation 1. The database's
     own backstops (UNIQUE (job_id, attempt_no), UNIQUE (job_id, generation), one running
-    attempt per job) would refuse the second; with them dropped, the history checker alone
+    attempt per job, and since migration 0008 one held organization slot and one held pool
+    slot per job) would refuse the second; with them dropped, the history checker alone
     reports the shared generation and attempt number and the overlap — and, once the first
     completion ends the job, an ended job with an attempt still running."""
     world.setup()
@@ -202,6 +217,8 @@ def test_history_checker_catches_a_claim_with_a_stale_generation(world, db_url):
                           "AND contype = 'u'").fetchall():
         c.execute(f"ALTER TABLE attempts DROP CONSTRAINT {name['conname']}")
     c.execute("DROP INDEX attempts_one_running_per_job")
+    c.execute("DROP INDEX organization_slots_held_idx")
+    c.execute("DROP INDEX pool_slots_held_idx")
 
     def claim(conn):
         return db.in_transaction(conn, lambda cc: cc.execute(

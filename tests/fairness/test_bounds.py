@@ -20,10 +20,10 @@ PROJECTS = (bench.ProjectSpec("bounded", 2000, weight=5, max_running=BOUND),
 
 # pgd_claim with the project bound left out of the candidate read and of the reservation
 IGNORE_BOUND = {
-    "pgd_claim_candidates": [("           AND (p.max_running IS NULL OR p.running < p.max_running)\n", "")],
-    "pgd_claim": [("                 WHERE p.id = c.project_id AND p.paused_at IS NULL\n"
-                   "                   AND (p.max_running IS NULL OR p.running < p.max_running);",
-                   "                 WHERE p.id = c.project_id AND p.paused_at IS NULL;")],
+    "pgd_claim_candidates": [("       AND (p.max_running IS NULL OR p.running < p.max_running)\n", "")],
+    "pgd_claim": [("            IF v_proj.paused_at IS NOT NULL\n"
+                   "               OR (v_proj.max_running IS NOT NULL AND v_proj.running >= v_proj.max_running) THEN",
+                   "            IF v_proj.paused_at IS NOT NULL THEN")],
 }
 
 

@@ -93,13 +93,19 @@ class Summary:
 
 
 # A deliberately broken pgd_claim (same signature and result): check-then-act capacity. It
-# judges organization, project and pool capacity on a plain read, widens the window with a
-# pg_sleep, then reserves all three unconditionally (in the lock order of migration 0007: job,
-# target, project, organization, pool, so that it does not deadlock against the real
-# completions and starve itself of claims). The job is still taken
-# with FOR UPDATE SKIP LOCKED and a deployment's target still only when free, so that the one
-# thing wrong is over-admission. Self-contained on purpose: it does not depend on the text
-# of the real pgd_claim.
+# judges organization, project and pool capacity on a plain read (a free slot within the
+# organization's and the pool's limit, the project's counter under its bound), widens the
+# window with a pg_sleep, then reserves all three unconditionally: the project counter
+# without its bound, and an organization slot and a pool slot whether or not one is free
+# within the limit (the lowest free slot at any number, else a new slot row numbered past
+# the highest), so that the held slots still count every claim and go over the limit as the
+# counters did before migration 0008. It takes them in 0008's lock order (job, target,
+# project, organization slot, pool slot), so that it does not deadlock against the real
+# completions and starve itself of claims; the only slot it ever waits for is a new slot row
+# another of these claims is adding with the same number. The job is still taken with FOR
+# UPDATE SKIP LOCKED and a deployment's target still only when free, so that the one thing
+# wrong is over-admission. Self-contained on purpose: it does not depend on the text of the
+# real pgd_claim.
 BROKEN_CLAIM_SQL = """
 CREATE OR REPLACE FUNCTION pgd_claim(p_runner_id bigint, p_pool_ids bigint[],
                                      p_claim_token uuid, p_lease_seconds double precision)
@@ -127,8 +133,13 @@ BEGIN
       LEFT JOIN targets t ON t.id = j.target_id
      WHERE j.pool_id = ANY (p_pool_ids) AND j.pool_id = ANY (v_runner.pool_ids)
        AND j.state = 'queued' AND j.ready_at <= now()
-       AND p.paused_at IS NULL AND o.running < o.max_running
-       AND (p.max_running IS NULL OR p.running < p.max_running) AND q.running < q.slots
+       AND p.paused_at IS NULL
+       AND EXISTS (SELECT 1 FROM organization_slots s
+                    WHERE s.organization_id = o.id AND s.job_id IS NULL
+                      AND s.slot_no <= o.max_running)
+       AND (p.max_running IS NULL OR p.running < p.max_running)
+       AND EXISTS (SELECT 1 FROM pool_slots s
+                    WHERE s.pool_id = q.id AND s.job_id IS NULL AND s.slot_no <= q.slots)
        AND (j.target_id IS NULL OR t.state = 'free')
      ORDER BY p.running::float8 / p.weight, j.priority DESC, j.id
      LIMIT 1;
@@ -157,11 +168,35 @@ BEGIN
             END IF;
         END IF;
         PERFORM pg_sleep(0.05);
-        -- the bug: no "AND running < limit" under the row locks
+        -- the bug: no "running < limit" on the project row, and slots taken whatever the
+        -- limit: the lowest free one at any number (no "slot_no <= limit"), else a new one
+        -- numbered past the highest
         UPDATE projects p SET running = p.running + 1, last_claimed_at = now()
          WHERE p.id = v_job.project_id;
-        UPDATE organizations o SET running = o.running + 1 WHERE o.id = v_org;
-        UPDATE pools q SET running = q.running + 1 WHERE q.id = v_job.pool_id;
+        UPDATE organization_slots s SET job_id = v_job.id
+         WHERE (s.organization_id, s.slot_no) = (
+               SELECT f.organization_id, f.slot_no FROM organization_slots f
+                WHERE f.organization_id = v_org AND f.job_id IS NULL
+                ORDER BY f.slot_no
+                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
+        WHILE NOT FOUND LOOP  -- another claim adding the same number: wait for it, try the next
+            INSERT INTO organization_slots (organization_id, slot_no, job_id)
+            SELECT v_org, coalesce(max(f.slot_no), 0) + 1, v_job.id
+              FROM organization_slots f WHERE f.organization_id = v_org
+                ON CONFLICT (organization_id, slot_no) DO NOTHING;
+        END LOOP;
+        UPDATE pool_slots s SET job_id = v_job.id
+         WHERE (s.pool_id, s.slot_no) = (
+               SELECT f.pool_id, f.slot_no FROM pool_slots f
+                WHERE f.pool_id = v_job.pool_id AND f.job_id IS NULL
+                ORDER BY f.slot_no
+                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
+        WHILE NOT FOUND LOOP
+            INSERT INTO pool_slots (pool_id, slot_no, job_id)
+            SELECT v_job.pool_id, coalesce(max(f.slot_no), 0) + 1, v_job.id
+              FROM pool_slots f WHERE f.pool_id = v_job.pool_id
+                ON CONFLICT (pool_id, slot_no) DO NOTHING;
+        END LOOP;
         UPDATE jobs j
            SET state = 'running', generation = j.generation + 1,
                attempts_made = j.attempts_made + 1, started_at = coalesce(j.started_at, now())

@@ -3,8 +3,11 @@
 ``violations(conn)`` reads one statement (so one snapshot, even under load) and returns a
 line for each fact that does not hold:
 
-* every organization's, project's and pool's ``running`` counter equals the running
-  attempts of its jobs;
+* every project's ``running`` counter, and the held slots of every organization and pool
+  (migration 0008), equal the running attempts of its jobs;
+* every running job holds exactly one slot of its project's organization and one slot of its
+  pool, and no slot is held by a job that is not running (or by one of another organization
+  or pool);
 * a job is ``running`` exactly when it has a running attempt, and that attempt carries the
   job's generation; a running attempt's job is running;
 * ``jobs.attempts_made`` equals its attempts, ``jobs.generation`` the newest attempt's;
@@ -32,20 +35,50 @@ WITH live AS (
     SELECT a.job_id, count(*) AS n, max(a.generation) AS top_generation
       FROM attempts a GROUP BY a.job_id
 )
-SELECT format('organization %s: running counter %s, running attempts %s',
-              o.name, o.running, (SELECT count(*) FROM live WHERE live.org_id = o.id)) AS what
+SELECT format('organization %s: held slots %s, running attempts %s',
+              o.name, pgd_organization_running(o.id),
+              (SELECT count(*) FROM live WHERE live.org_id = o.id)) AS what
   FROM organizations o
- WHERE o.running <> (SELECT count(*) FROM live WHERE live.org_id = o.id)
+ WHERE pgd_organization_running(o.id) <> (SELECT count(*) FROM live WHERE live.org_id = o.id)
 UNION ALL
 SELECT format('project %s: running counter %s, running attempts %s',
               p.name, p.running, (SELECT count(*) FROM live WHERE live.project_id = p.id))
   FROM projects p
  WHERE p.running <> (SELECT count(*) FROM live WHERE live.project_id = p.id)
 UNION ALL
-SELECT format('pool %s: running counter %s, running attempts %s',
-              q.name, q.running, (SELECT count(*) FROM live WHERE live.pool_id = q.id))
+SELECT format('pool %s: held slots %s, running attempts %s',
+              q.name, pgd_pool_running(q.id), (SELECT count(*) FROM live WHERE live.pool_id = q.id))
   FROM pools q
- WHERE q.running <> (SELECT count(*) FROM live WHERE live.pool_id = q.id)
+ WHERE pgd_pool_running(q.id) <> (SELECT count(*) FROM live WHERE live.pool_id = q.id)
+UNION ALL
+SELECT format('job %s is running but holds %s slots of its organization %s',
+              j.id, (SELECT count(*) FROM organization_slots s
+                      WHERE s.organization_id = p.organization_id AND s.job_id = j.id), o.name)
+  FROM jobs j JOIN projects p ON p.id = j.project_id JOIN organizations o ON o.id = p.organization_id
+ WHERE j.state = 'running'
+   AND (SELECT count(*) FROM organization_slots s
+         WHERE s.organization_id = p.organization_id AND s.job_id = j.id) <> 1
+UNION ALL
+SELECT format('job %s is running but holds %s slots of its pool %s',
+              j.id, (SELECT count(*) FROM pool_slots s WHERE s.pool_id = j.pool_id AND s.job_id = j.id),
+              q.name)
+  FROM jobs j JOIN pools q ON q.id = j.pool_id
+ WHERE j.state = 'running'
+   AND (SELECT count(*) FROM pool_slots s WHERE s.pool_id = j.pool_id AND s.job_id = j.id) <> 1
+UNION ALL
+SELECT format('organization %s: slot %s is held by job %s, which is %s, of organization %s',
+              o.name, s.slot_no, s.job_id, coalesce(j.state, 'missing'), coalesce(jo.name, '?'))
+  FROM organization_slots s JOIN organizations o ON o.id = s.organization_id
+  LEFT JOIN jobs j ON j.id = s.job_id
+  LEFT JOIN projects p ON p.id = j.project_id LEFT JOIN organizations jo ON jo.id = p.organization_id
+ WHERE s.job_id IS NOT NULL
+   AND (j.id IS NULL OR j.state <> 'running' OR p.organization_id <> s.organization_id)
+UNION ALL
+SELECT format('pool %s: slot %s is held by job %s, which is %s, of pool %s',
+              q.name, s.slot_no, s.job_id, coalesce(j.state, 'missing'), coalesce(jq.name, '?'))
+  FROM pool_slots s JOIN pools q ON q.id = s.pool_id
+  LEFT JOIN jobs j ON j.id = s.job_id LEFT JOIN pools jq ON jq.id = j.pool_id
+ WHERE s.job_id IS NOT NULL AND (j.id IS NULL OR j.state <> 'running' OR j.pool_id <> s.pool_id)
 UNION ALL
 SELECT format('job %s is running without a running attempt of generation %s', j.id, j.generation)
   FROM jobs j
@@ -90,9 +123,15 @@ def snapshot(conn) -> dict[str, Any]:
         return [dict(r) for r in conn.execute(sql).fetchall()]
 
     return {
-        "organizations": rows("SELECT id, running FROM organizations ORDER BY id"),
+        "organizations": rows("SELECT id, pgd_organization_running(id) AS running "
+                              "FROM organizations ORDER BY id"),
         "projects": rows("SELECT id, running, last_claimed_at FROM projects ORDER BY id"),
-        "pools": rows("SELECT id, running FROM pools ORDER BY id"),
+        "pools": rows("SELECT id, pgd_pool_running(id) AS running FROM pools ORDER BY id"),
+        # the held slots, by holder (which free slot a claim takes is not part of the state)
+        "organization_slots": rows("SELECT organization_id, job_id FROM organization_slots "
+                                   "WHERE job_id IS NOT NULL ORDER BY organization_id, job_id"),
+        "pool_slots": rows("SELECT pool_id, job_id FROM pool_slots "
+                           "WHERE job_id IS NOT NULL ORDER BY pool_id, job_id"),
         "targets": rows("SELECT id, state, holder_job_id, held_since FROM targets ORDER BY id"),
         "jobs": rows("SELECT id, state, generation, attempts_made, failures, ready_at, "
                      "finished_at, last_error, pending_dependencies FROM jobs ORDER BY id"),

@@ -8,11 +8,12 @@ violation, each starting with the name of the check that found it (``CHECKS``); 
 means the database is consistent.
 
 The interval checks use ``attempts.[claimed_at, finished_at)``, stamped with
-``clock_timestamp()`` under the organization, project and pool row locks by pgd_claim,
-pgd_complete and pgd_expire_one (see tests/concurrency/harness.py, ``max_overlaps``), so a
-sweep over them shows how many attempts really held a slot at once. The limits are the ones
-configured *now*: an operator who lowers a limit below what once ran would make the sweep
-report the past as a violation; the fault tests never lower a limit.
+``clock_timestamp()`` while the job holds its project count (under the project row lock) and
+its organization and pool slots (row-locked from their taking or release to the commit) by
+pgd_claim, pgd_complete and pgd_expire_one (see tests/concurrency/harness.py,
+``max_overlaps``), so a sweep over them shows how many attempts really held a slot at once.
+The limits are the ones configured *now*: an operator who lowers a limit below what once ran
+would make the sweep report the past as a violation; the fault tests never lower a limit.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ CHECKS = (
     "attempt_numbering",  # a job's attempts have distinct generations and attempt numbers
     "attempt_overlap",    # a job's attempts never overlap in time
     "succeeded_once",     # at most one succeeded attempt per job, and only for a succeeded job
-    "counters",           # running counters equal the running attempts behind them
+    "counters",           # project counters and held org/pool slots equal the running
+                          # attempts behind them; one slot per running job, none otherwise
     "capacity_overlap",   # the sweep of attempt intervals never exceeds a configured limit
     "target_holder",      # held/uncertain target <=> exactly one running/uncertain holder job
     "target_overlap",     # no two deployment attempts to one target overlapped in time
@@ -191,18 +193,49 @@ def _succeeded_once(conn, s: _Snapshot) -> list[str]:
 
 
 def _counters(conn, s: _Snapshot) -> list[str]:
+    """Projects count their running jobs in ``running``; organizations and pools hold one slot
+    per running job (migration 0008): each running job holds exactly one slot of its project's
+    organization and one of its pool, no other job holds one, and the held slots of each
+    (``pgd_organization_running`` / ``pgd_pool_running``) equal its running attempts."""
     live = [s.jobs[a["job_id"]] for a in s.attempts
             if a["state"] == "running" and a["job_id"] in s.jobs]
     out = []
-    for kind, table, key in (("organization", "organizations", "org_id"),
-                             ("project", "projects", "project_id"), ("pool", "pools", "pool_id")):
+    for kind, sql, key in (
+            ("organization", "SELECT id, name, pgd_organization_running(id) AS running "
+                             "FROM organizations ORDER BY id", "org_id"),
+            ("project", "SELECT id, name, running FROM projects ORDER BY id", "project_id"),
+            ("pool", "SELECT id, name, pgd_pool_running(id) AS running FROM pools ORDER BY id",
+             "pool_id")):
         behind: dict[int, int] = defaultdict(int)
         for j in live:
             behind[j[key]] += 1
-        for r in conn.execute(f"SELECT id, name, running FROM {table} ORDER BY id").fetchall():
+        counts = "counts {} running" if kind == "project" else "holds {} slots"
+        for r in conn.execute(sql).fetchall():
             if r["running"] != behind.get(r["id"], 0):
-                out.append(f"counters: {kind} {r['name']} counts {r['running']} running but "
+                out.append(f"counters: {kind} {r['name']} {counts.format(r['running'])} but "
                            f"{behind.get(r['id'], 0)} attempts are running")
+    for kind, sql, key in (
+            ("organization", "SELECT s.organization_id AS owner, o.name, s.slot_no, s.job_id "
+                             "FROM organization_slots s JOIN organizations o "
+                             "ON o.id = s.organization_id WHERE s.job_id IS NOT NULL", "org_id"),
+            ("pool", "SELECT s.pool_id AS owner, q.name, s.slot_no, s.job_id "
+                     "FROM pool_slots s JOIN pools q ON q.id = s.pool_id "
+                     "WHERE s.job_id IS NOT NULL", "pool_id")):
+        held: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for slot in conn.execute(sql).fetchall():
+            job = s.jobs.get(slot["job_id"])
+            if job is None or job["state"] != "running" or job[key] != slot["owner"]:
+                why = ("which does not exist" if job is None
+                       else f"which is {job['state']}" if job["state"] != "running"
+                       else f"a running job of another {kind}")
+                out.append(f"counters: {kind} {slot['name']} slot {slot['slot_no']} is held by "
+                           f"job {slot['job_id']}, {why}")
+            else:
+                held[slot["job_id"]].append(slot)
+        for j in s.jobs.values():
+            if j["state"] == "running" and len(held.get(j["id"], [])) != 1:
+                out.append(f"counters: running job {j['id']} holds {len(held.get(j['id'], []))} "
+                           f"slots of its {kind}")
     return out
 
 

@@ -1,8 +1,8 @@
 """Deadlocks (issue 3): a real one is retried; the production transitions make none.
 
-1. An operator-like action written only for this test locks the organization and then the
-   job — the reverse of the documented order — while a completion (job → target → attempt →
-   project → organization → pool, migration 0007) runs on the same job. The two wait for each other; PostgreSQL
+1. An operator-like action written only for this test locks the job's organization slot and
+   then the job — the reverse of the documented order — while a completion (job → target →
+   attempt → project → organization slot → pool slot, migration 0008) runs on the same job. The two wait for each other; PostgreSQL
    detects the cycle and aborts one transaction with SQLSTATE 40P01. The action runs in
    ``sql.db.in_transaction``, so the retry path runs for real: the action's first try is the
    victim (its ``deadlock_timeout`` is the shorter one), it is retried and completes, and the
@@ -75,12 +75,14 @@ def waits_on_lock(conn, pid: int) -> bool:
 
 def reprioritize(conn, *, job_id: int, org_id: int, before_job_lock) -> int:
     """An operator-like action written only for this test: bump a job's priority and audit
-    it, locking the organization and THEN the job — the reverse of the documented order.
+    it, locking the job's organization slot and THEN the job — the reverse of the documented
+    order.
     ``before_job_lock()`` runs between the two locks. Returns the new priority."""
     # the shorter deadlock_timeout makes this transaction the one that detects the cycle,
     # and so the one PostgreSQL aborts (superuser setting; the tests run as one)
     conn.execute("SET LOCAL deadlock_timeout = '50ms'")
-    conn.execute("SELECT 1 FROM organizations WHERE id = %s FOR UPDATE", (org_id,))
+    conn.execute("SELECT 1 FROM organization_slots WHERE organization_id = %s AND job_id = %s"
+                 " FOR UPDATE", (org_id, job_id))
     before_job_lock()
     conn.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (job_id,))
     row = conn.execute("UPDATE jobs SET priority = priority + 1 WHERE id = %s RETURNING priority",
@@ -109,12 +111,12 @@ def test_a_real_deadlock_is_retried_counted_and_logged(world, db_url, caplog):
     def before_job_lock():
         tries.append(time.monotonic())
         if len(tries) == 1:
-            # first try: hold the organization until the completion holds the job and waits
-            # for the organization; the next statement then closes the cycle
+            # first try: hold the slot until the completion holds the job and waits for the
+            # slot; the next statement then closes the cycle
             results["completer"] = threading.Thread(target=complete, name="racer-completer")
             results["completer"].start()
             wait_for(lambda: waits_on_lock(world.conn, completer_pid),
-                     "the completion to wait for the organization")
+                     "the completion to wait for the organization slot")
 
     def complete():
         try:

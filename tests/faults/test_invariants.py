@@ -158,10 +158,13 @@ def _terminal_without_finished_at(c, h):
 def _running_job_lost_its_attempt(c, h):
     c.execute("UPDATE attempts SET state = 'expired', finished_at = clock_timestamp() "
               "WHERE id = %s", (h.running_attempt,))
-    # the counters follow, so that only the running-attempt check is left to notice
-    c.execute("UPDATE organizations SET running = running - 1")
-    c.execute("UPDATE projects SET running = running - 1")
-    c.execute("UPDATE pools SET running = running - 1")
+    # the project counter and the held slots follow, so that every count still equals the
+    # running attempts behind it (the job, still running, now holds no slot: the counters
+    # check sees that too, but the running-attempt check must see the missing attempt)
+    c.execute("UPDATE projects SET running = running - 1 "
+              "WHERE id = (SELECT project_id FROM jobs WHERE id = %s)", (h.running,))
+    c.execute("UPDATE organization_slots SET job_id = NULL WHERE job_id = %s", (h.running,))
+    c.execute("UPDATE pool_slots SET job_id = NULL WHERE job_id = %s", (h.running,))
 
 
 def _queued_job_still_running(c, h):
@@ -187,7 +190,27 @@ def _succeeded_twice(c, h):
 
 
 def _counter_drift(c, h):
-    c.execute("UPDATE pools SET running = running + 1")
+    # the one counter left (migration 0008): a project's
+    c.execute("UPDATE projects SET running = running + 1 "
+              "WHERE id = (SELECT project_id FROM jobs WHERE id = %s)", (h.running,))
+
+
+def _slot_held_by_a_finished_job(c, h):
+    # the pool's free slot (3 slots, 2 running jobs) taken by a job that succeeded long ago:
+    # a release that never happened
+    c.execute("""UPDATE pool_slots SET job_id = %s
+                  WHERE (pool_id, slot_no) = (SELECT pool_id, slot_no FROM pool_slots
+                                               WHERE job_id IS NULL ORDER BY slot_no LIMIT 1)""",
+              (h.ok,))
+    assert c.execute("SELECT count(*) AS n FROM pool_slots WHERE job_id = %s",
+                     (h.ok,)).fetchone()["n"] == 1
+
+
+def _running_job_lost_its_slot(c, h):
+    # a running job's organization slot freed under it: a release of the wrong job
+    freed = c.execute("UPDATE organization_slots SET job_id = NULL WHERE job_id = %s",
+                      (h.running,))
+    assert freed.rowcount == 1
 
 
 def _history_over_the_limit(c, h):
@@ -243,6 +266,8 @@ CORRUPTIONS: list[tuple[str, Corruption]] = [
     ("attempt_overlap", _attempts_overlap),
     ("succeeded_once", _succeeded_twice),
     ("counters", _counter_drift),
+    ("counters", _slot_held_by_a_finished_job),
+    ("counters", _running_job_lost_its_slot),
     ("capacity_overlap", _history_over_the_limit),
     ("target_holder", _target_freed_under_a_deployment),
     ("target_holder", _two_holders),

@@ -13,9 +13,10 @@ import pytest
 from sql import db, migrate, transitions
 
 from ..conftest import with_database
+from ..faults import consistency
 
 MIGRATIONS = ["0001_initial", "0002_transitions", "0003_batches", "0004_hot_path", "0005_history",
-             "0006_wakeups", "0007_hot_rows_last"]
+             "0006_wakeups", "0007_hot_rows_last", "0008_slot_rows"]
 
 # DESIGN.md, "Entities and states"
 STATES = {
@@ -110,12 +111,91 @@ def test_the_unique_indexes_bite(world):
 
 def test_counters_refuse_negative_values(world):
     world.setup(project_limit=3)
-    for table in ("organizations", "projects", "pools"):
-        assert sqlstate_of(world.conn, f"UPDATE {table} SET running = -1") == "23514"
-        assert sqlstate_of(world.conn, f"UPDATE {table} SET running = running - 1") == "23514"
+    assert sqlstate_of(world.conn, "UPDATE projects SET running = -1") == "23514"
+    assert sqlstate_of(world.conn, "UPDATE projects SET running = running - 1") == "23514"
     for table, limit in (("organizations", "max_running"), ("projects", "max_running"), ("pools", "slots")):
         assert sqlstate_of(world.conn, f"UPDATE {table} SET {limit} = -1") == "23514"
-    assert {c["def"] for c in constraints(world.conn, "organizations", "c")} >= {"CHECK ((running >= 0))"}
+    assert {c["def"] for c in constraints(world.conn, "projects", "c")} >= {"CHECK ((running >= 0))"}
+    # organizations and pools count their held slots instead (migration 0008)
+    columns = world.conn.execute(
+        "SELECT table_name, column_name FROM information_schema.columns "
+        "WHERE table_name IN ('organizations', 'pools') AND column_name = 'running'").fetchall()
+    assert columns == []
+
+
+def slots(conn, table: str) -> list[tuple[int, int | None]]:
+    """(slot_no, job_id) of every row of organization_slots or pool_slots, in slot order."""
+    return [(r["slot_no"], r["job_id"])
+            for r in conn.execute(f"SELECT slot_no, job_id FROM {table} ORDER BY 1").fetchall()]
+
+
+def test_slot_numbers_start_at_one(world):
+    world.setup(org_limit=2, pool_slots=2)
+    for table in ("organization_slots", "pool_slots"):
+        assert {c["def"] for c in constraints(world.conn, table, "c")} == {"CHECK ((slot_no >= 1))"}
+        assert sqlstate_of(world.conn, f"UPDATE {table} SET slot_no = 0 WHERE slot_no = 1") == "23514"
+        assert sqlstate_of(world.conn, f"UPDATE {table} SET slot_no = -1 WHERE slot_no = 2") == "23514"
+        assert slots(world.conn, table) == [(1, None), (2, None)]
+
+
+def test_a_job_holds_at_most_one_slot_of_an_organization_or_a_pool(world):
+    for name, owner in (("organization_slots_held_idx", "organization_id"),
+                        ("pool_slots_held_idx", "pool_id")):
+        assert index(world.conn, name) == {
+            "is_unique": True, "table": name.removesuffix("_held_idx"), "cols": [owner, "job_id"],
+            "predicate": "(job_id IS NOT NULL)"}
+    world.setup(org_limit=3, pool_slots=3)
+    runner = world.runner()
+    world.job()
+    c = world.claim(runner)
+    assert c is not None
+    for table in ("organization_slots", "pool_slots"):
+        assert slots(world.conn, table) == [(1, c.job_id), (2, None), (3, None)]
+        assert sqlstate_of(world.conn, f"UPDATE {table} SET job_id = %s WHERE slot_no = 2",
+                           (c.job_id,)) == "23505"
+    assert world.conn.execute("SELECT pgd_organization_running(id) AS o FROM organizations"
+                              ).fetchone() == {"o": 1}
+    assert world.conn.execute("SELECT pgd_pool_running(id) AS q FROM pools").fetchone() == {"q": 1}
+
+
+def test_slot_rows_follow_the_limit_and_keep_held_ones_above_it(world):
+    """A limit of n with h held slots is max(n - h, 0) free rows and max(h - n, 0) owed
+    retirements: raising it adds free rows after the highest number, lowering it deletes free
+    rows (highest first) and never a held one."""
+    world.setup(org_limit=3, pool_slots=3)
+    runner = world.runner(slots=8)
+    claims = []
+    for _ in range(3):
+        world.job()
+        claims.append(world.claim(runner))
+    world.complete(claims[0])
+    a, b = claims[1].job_id, claims[2].job_id
+    for table, limit, running, kind in (
+            ("organizations", "max_running", "pgd_organization_running", "organization"),
+            ("pools", "slots", "pgd_pool_running", "pool")):
+        slot_table = f"{kind}_slots"
+
+        def owed() -> int | None:
+            row = world.conn.execute("SELECT owed FROM slot_retirements WHERE kind = %s",
+                                     (kind,)).fetchone()
+            return row and row["owed"]
+
+        assert slots(world.conn, slot_table) == [(1, None), (2, a), (3, b)]
+        world.conn.execute(f"UPDATE {table} SET {limit} = 5")
+        assert slots(world.conn, slot_table) == [(1, None), (2, a), (3, b), (4, None), (5, None)]
+        world.conn.execute(f"UPDATE {table} SET {limit} = 1")
+        assert slots(world.conn, slot_table) == [(2, a), (3, b)] and owed() == 1
+        world.conn.execute(f"UPDATE {table} SET {limit} = 0")
+        assert slots(world.conn, slot_table) == [(2, a), (3, b)] and owed() == 2
+        # what `running` said before 0008: the jobs running, above the limit or not
+        assert world.conn.execute(f"SELECT {running}(id) AS n FROM {table}").fetchone() == {"n": 2}
+        world.conn.execute(f"UPDATE {table} SET {limit} = 3")
+        assert slots(world.conn, slot_table) == [(2, a), (3, b), (4, None)] and owed() is None
+    world.complete(claims[1])
+    world.complete(claims[2])
+    assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
+    for slot_table in ("organization_slots", "pool_slots"):
+        assert slots(world.conn, slot_table) == [(2, None), (3, None), (4, None)]
 
 
 def test_ownership_is_enforced_by_foreign_keys(conn):
@@ -247,3 +327,114 @@ def test_the_check_catches_an_upgrade_without_locks(server_url, drop_databases):
     assert any(kind == "error" for kind, _ in outcomes), outcomes
     with pytest.raises(AssertionError):
         check_applied_once(url, outcomes)
+
+
+def upgrade_to(url: str, last: str) -> list[str]:
+    """Apply the migrations up to ``last`` included, as `db upgrade` of that release did;
+    returns the ids applied."""
+    from yoyo import get_backend, read_migrations
+
+    backend = get_backend(migrate._yoyo_url(url))
+    try:
+        migrations = read_migrations(str(migrate.MIGRATIONS_DIR)).filter(lambda m: m.id <= last)
+        with backend.lock():
+            pending = backend.to_apply(migrations)
+            backend.apply_migrations(pending)
+        return [m.id for m in pending]
+    finally:
+        backend.connection.close()
+
+
+def test_upgrading_to_slot_rows_gives_each_running_job_its_slots(server_url, drop_databases):
+    """A database at 0007 with running jobs, upgraded to 0008: each running job holds one slot
+    of its organization and one of its pool (numbered from 1 by job id), the free slots fill
+    up to each limit (or what is over it is owed back), and the held slots say what the dropped ``running`` columns said, even
+    for an organization already above its limit; jobs that hold no capacity (finished, or
+    uncertain after a lost deployment) hold no slot."""
+    name = f"pgd_test_migrate_{uuid.uuid4().hex[:8]}"
+    with db.connect(server_url) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    url = with_database(server_url, name)
+    drop_databases.append(url)
+    assert upgrade_to(url, "0007_hot_rows_last") == MIGRATIONS[:7]
+
+    with db.connect(url) as conn:
+        conn.execute("INSERT INTO organizations (name, max_running) VALUES ('acme', 4), ('globex', 2)")
+        conn.execute("INSERT INTO pools (name, slots) VALUES ('linux', 4), ('mac', 1)")
+        conn.execute("INSERT INTO projects (name, organization_id) "
+                     "SELECT CASE name WHEN 'acme' THEN 'web' ELSE 'shop' END, id FROM organizations")
+        conn.execute("INSERT INTO project_pools (project_id, pool_id) "
+                     "SELECT p.id, q.id FROM projects p, pools q")
+        conn.execute("INSERT INTO targets (name) VALUES ('production')")
+        pool_ids = {r["name"]: r["id"] for r in conn.execute("SELECT id, name FROM pools")}
+        runner = transitions.register_runner(conn, name="r", pools=["linux", "mac"], slots=8)
+
+        def claim(pool: str):
+            c = transitions.claim(conn, runner_id=runner, pools=[pool_ids[pool]],
+                                  claim_token=transitions.new_claim_token(), lease_seconds=30)
+            assert c is not None
+            return c
+
+        def complete(c):
+            transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
+                                 outcome="succeeded", receipt_key=c.receipt_key)
+
+        for _ in range(3):
+            transitions.submit(conn, project="web", pool="linux", command=["true"])
+        transitions.submit(conn, project="web", pool="linux", command=["true"], target="production")
+        transitions.submit(conn, project="shop", pool="mac", command=["true"])
+        transitions.submit(conn, project="shop", pool="mac", command=["true"])  # stays queued
+        done, web1, web2, deploy = (claim("linux") for _ in range(4))
+        shop = claim("mac")
+        complete(done)
+        conn.execute("UPDATE attempts SET lease_expires_at = now() - interval '1 second' "
+                     "WHERE id = %s", (deploy.attempt_id,))
+        transitions.expire_leases(conn, backoff_base_seconds=0.001, backoff_cap_seconds=0.001)
+        assert conn.execute("SELECT state FROM jobs WHERE id = %s", (deploy.job_id,)
+                            ).fetchone() == {"state": "uncertain"}
+        # acme's limit lowered below what runs: 0007 let the counter stay above it
+        conn.execute("UPDATE organizations SET max_running = 1 WHERE name = 'acme'")
+        before = {r["name"]: r["running"] for r in conn.execute(
+            "SELECT name, running FROM organizations UNION ALL SELECT name, running FROM pools")}
+        assert before == {"acme": 2, "globex": 1, "linux": 2, "mac": 1}
+
+    assert migrate.upgrade(url) == ["0008_slot_rows"]
+
+    with db.connect(url) as conn:
+        after = {r["name"]: r["running"] for r in conn.execute(
+            "SELECT name, pgd_organization_running(id) AS running FROM organizations "
+            "UNION ALL SELECT name, pgd_pool_running(id) FROM pools")}
+        assert after == before
+
+        def held(table: str, owner: str) -> dict[str, list]:
+            rows = conn.execute(f"SELECT o.name, s.slot_no, s.job_id FROM {table} s "
+                                f"JOIN {owner} o ON o.id = s.{owner.removesuffix('s')}_id "
+                                f"ORDER BY 1, 2").fetchall()
+            out: dict[str, list] = {}
+            for r in rows:
+                out.setdefault(r["name"], []).append((r["slot_no"], r["job_id"]))
+            return out
+
+        assert held("organization_slots", "organizations") == {
+            "acme": [(1, web1.job_id), (2, web2.job_id)],   # above its limit of 1: no free slot
+            "globex": [(1, shop.job_id), (2, None)]}
+        assert held("pool_slots", "pools") == {
+            "linux": [(1, web1.job_id), (2, web2.job_id), (3, None), (4, None)],
+            "mac": [(1, shop.job_id)]}
+        # acme runs 2 against its limit of 1: one slot is owed back
+        assert conn.execute("SELECT kind, owed FROM slot_retirements").fetchall() == [
+            {"kind": "organization", "owed": 1}]
+        assert consistency.violations(conn) == []
+
+        # the upgraded database goes on: the completions free the slots the upgrade gave, and
+        # the first of acme's is retired
+        for c in (web1, web2, shop):
+            transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
+                                 outcome="succeeded", receipt_key=c.receipt_key)
+        assert consistency.violations(conn) == []
+        assert conn.execute("SELECT count(*) AS n FROM organization_slots s JOIN organizations o"
+                            " ON o.id = s.organization_id WHERE o.name = 'acme'").fetchone() == {"n": 1}
+        assert conn.execute("SELECT count(*) AS n FROM slot_retirements").fetchone() == {"n": 0}
+        assert conn.execute("SELECT count(*) AS n FROM organization_slots WHERE job_id IS NOT NULL "
+                            "UNION ALL SELECT count(*) FROM pool_slots WHERE job_id IS NOT NULL"
+                            ).fetchall() == [{"n": 0}, {"n": 0}]

@@ -6,7 +6,7 @@
 -- backends spent ~2.8 ms of server CPU per job, mostly waking and re-checking lock waiters
 -- (docs/benchmarks.md, "Single-job claims at 8 claimers").
 --
--- Now a limit of n is n slot rows. A claim takes a free one with FOR NO KEY UPDATE SKIP
+-- Now a limit of n is n slot rows (see Limits). A claim takes a free one with FOR NO KEY UPDATE SKIP
 -- LOCKED (never waits: a slot another claimer is taking is passed, another free one is
 -- taken); a completion or an expiry frees its job's slot. `running` of an organization or a
 -- pool is the number of its held slots (pgd_organization_running, pgd_pool_running). The
@@ -26,10 +26,10 @@
 --
 -- Lock order (docs/design.md): job -> target -> attempt -> (dependents) -> project ->
 -- organization slot -> pool slot -> retirement rows. Slot rows are taken SKIP LOCKED, so a
--- claim never waits for one; a release waits only for a claimer that looked at its slot while
--- it was being taken, or for a limit change, and a claimer waits for nothing after its slots.
--- A limit change locks organization or pool row, then all its slots, then its retirement
--- row: it never waits for a project or a job, so no transition waits for it in a cycle.
+-- claim never waits for one, and waits for nothing after its slots; a release may wait for
+-- a limit change holding its slot row. A limit change takes the organization or pool row
+-- (config apply: after the projects it names), then every slot row of it, then its
+-- retirement row: the same order, and it never waits for a job.
 --
 -- Fairness (docs/fairness.md): the re-check under the project row lock (0007) now runs
 -- while capacity is scarce: when the free slots of the candidate's organization or pool are
@@ -159,10 +159,17 @@ BEGIN
     RETURN NULL;
 END;
 $$;
-CREATE TRIGGER pgd_sync_slots AFTER INSERT OR UPDATE OF max_running ON organizations
+-- An upsert that leaves the limit as it was changes no slot (and locks none).
+CREATE TRIGGER pgd_sync_slots AFTER INSERT ON organizations
     FOR EACH ROW EXECUTE FUNCTION pgd_sync_slots();
-CREATE TRIGGER pgd_sync_slots AFTER INSERT OR UPDATE OF slots ON pools
+CREATE TRIGGER pgd_sync_slots_changed AFTER UPDATE OF max_running ON organizations
+    FOR EACH ROW WHEN (OLD.max_running IS DISTINCT FROM NEW.max_running)
+    EXECUTE FUNCTION pgd_sync_slots();
+CREATE TRIGGER pgd_sync_slots AFTER INSERT ON pools
     FOR EACH ROW EXECUTE FUNCTION pgd_sync_slots();
+CREATE TRIGGER pgd_sync_slots_changed AFTER UPDATE OF slots ON pools
+    FOR EACH ROW WHEN (OLD.slots IS DISTINCT FROM NEW.slots)
+    EXECUTE FUNCTION pgd_sync_slots();
 
 -- Release the slots of finished jobs: p_org_ids, p_pool_ids and p_job_ids are parallel, one
 -- entry per job (the holder). Each job's organization slot and pool slot are freed; then, for

@@ -297,7 +297,11 @@ $$;
 -- Applied migrations stay as they are, so each is restated in full.
 
 -- claim_candidates: as in 0004; an organization or a pool has room when it has a free slot
--- within its limit (a probe of its free-slot index) instead of running < limit.
+-- (a probe of its free-slot index) instead of running < limit. Each probe is written like the
+-- job probe (ORDER BY the index, LIMIT 1 OFFSET 0) so that it stays a probe: once the slot
+-- tables had statistics saying most slots were free, the planner flattened the pool's EXISTS
+-- into a semi-join that hashed every free slot of the pool for every claim (100,000 slots:
+-- 11 ms per claim instead of 0.9; docs/benchmarks.md, "Latency at size").
 CREATE OR REPLACE FUNCTION pgd_claim_candidates(p_pool_ids bigint[], p_org_id bigint)
 RETURNS TABLE (org_id bigint, project_id bigint, pool_id bigint)
 LANGUAGE sql STABLE AS $$
@@ -310,11 +314,13 @@ LANGUAGE sql STABLE AS $$
        AND p.paused_at IS NULL
        AND CASE WHEN p_org_id IS NULL
                 THEN EXISTS (SELECT 1 FROM organization_slots s
-                              WHERE s.organization_id = o.id AND s.job_id IS NULL)
+                              WHERE s.organization_id = o.id AND s.job_id IS NULL
+                              ORDER BY s.slot_no LIMIT 1 OFFSET 0)
                 ELSE o.id = p_org_id END
        AND (p.max_running IS NULL OR p.running < p.max_running)
        AND EXISTS (SELECT 1 FROM pool_slots s
-                    WHERE s.pool_id = q.id AND s.job_id IS NULL)
+                    WHERE s.pool_id = q.id AND s.job_id IS NULL
+                    ORDER BY s.slot_no LIMIT 1 OFFSET 0)
        AND EXISTS (SELECT 1
                      FROM jobs j
                     WHERE j.project_id = p.id AND j.pool_id = pp.pool_id

@@ -268,6 +268,38 @@ def attempt_shapes(conn) -> list[dict[str, Any]]:
 # ever waited for when two of these claims add the same new slot row). Without, it runs the
 # job it read, never locked and never re-checked: the job row is first locked by the final
 # UPDATE, after the slots. Same result columns as pgd_claim.
+# The deliberately broken claims' reservation (here and in tests/faults/chaos_runner.py): an
+# organization slot and a pool slot for v_job whatever the limit — the lowest free one at any
+# number, else a new row numbered past the highest (waiting only for another claim adding the
+# same number, then trying the next). PL/pgSQL; needs v_org and v_job in scope.
+UNCONDITIONAL_SLOTS_SQL = """
+        UPDATE organization_slots s SET job_id = v_job.id
+         WHERE (s.organization_id, s.slot_no) = (
+               SELECT f.organization_id, f.slot_no FROM organization_slots f
+                WHERE f.organization_id = v_org AND f.job_id IS NULL
+                ORDER BY f.slot_no
+                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
+        WHILE NOT FOUND LOOP  -- another claim adding the same number: wait for it, try the next
+            INSERT INTO organization_slots (organization_id, slot_no, job_id)
+            SELECT v_org, coalesce(max(f.slot_no), 0) + 1, v_job.id
+              FROM organization_slots f WHERE f.organization_id = v_org
+                ON CONFLICT (organization_id, slot_no) DO NOTHING;
+        END LOOP;
+        UPDATE pool_slots s SET job_id = v_job.id
+         WHERE (s.pool_id, s.slot_no) = (
+               SELECT f.pool_id, f.slot_no FROM pool_slots f
+                WHERE f.pool_id = v_job.pool_id AND f.job_id IS NULL
+                ORDER BY f.slot_no
+                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
+        WHILE NOT FOUND LOOP
+            INSERT INTO pool_slots (pool_id, slot_no, job_id)
+            SELECT v_job.pool_id, coalesce(max(f.slot_no), 0) + 1, v_job.id
+              FROM pool_slots f WHERE f.pool_id = v_job.pool_id
+                ON CONFLICT (pool_id, slot_no) DO NOTHING;
+        END LOOP;
+"""
+
+
 BROKEN_CLAIM_SQL = """
 CREATE FUNCTION pgd_claim_broken(p_runner_id bigint, p_pool_ids bigint[], p_claim_token uuid,
                                  p_lease_seconds double precision,
@@ -325,31 +357,7 @@ BEGIN
         UPDATE projects p SET running = p.running + 1, last_claimed_at = now()
          WHERE p.id = v_job.project_id;
         -- a slot whatever the limit: the lowest free one at any number, else a new one
-        UPDATE organization_slots s SET job_id = v_job.id
-         WHERE (s.organization_id, s.slot_no) = (
-               SELECT f.organization_id, f.slot_no FROM organization_slots f
-                WHERE f.organization_id = v_org AND f.job_id IS NULL
-                ORDER BY f.slot_no
-                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
-        WHILE NOT FOUND LOOP  -- another claim adding the same number: wait for it, try the next
-            INSERT INTO organization_slots (organization_id, slot_no, job_id)
-            SELECT v_org, coalesce(max(f.slot_no), 0) + 1, v_job.id
-              FROM organization_slots f WHERE f.organization_id = v_org
-                ON CONFLICT (organization_id, slot_no) DO NOTHING;
-        END LOOP;
-        UPDATE pool_slots s SET job_id = v_job.id
-         WHERE (s.pool_id, s.slot_no) = (
-               SELECT f.pool_id, f.slot_no FROM pool_slots f
-                WHERE f.pool_id = v_job.pool_id AND f.job_id IS NULL
-                ORDER BY f.slot_no
-                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
-        WHILE NOT FOUND LOOP
-            INSERT INTO pool_slots (pool_id, slot_no, job_id)
-            SELECT v_job.pool_id, coalesce(max(f.slot_no), 0) + 1, v_job.id
-              FROM pool_slots f WHERE f.pool_id = v_job.pool_id
-                ON CONFLICT (pool_id, slot_no) DO NOTHING;
-        END LOOP;
-        UPDATE jobs j
+{slots}        UPDATE jobs j
            SET state = 'running', generation = j.generation + 1,
                attempts_made = j.attempts_made + 1, started_at = coalesce(j.started_at, now())
          WHERE j.id = v_job.id
@@ -368,7 +376,7 @@ BEGIN
     END;
 END;
 $$;
-"""
+""".replace("{slots}", UNCONDITIONAL_SLOTS_SQL)
 
 
 def install_broken_claim(conn) -> None:

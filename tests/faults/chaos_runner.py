@@ -31,6 +31,7 @@ from typing import Any
 
 from sql import PgDispatchError, db, transitions
 
+from ..concurrency.harness import UNCONDITIONAL_SLOTS_SQL
 from ..factories import World
 from .chaos_procs import Fleet, Proc, wait_until
 from .chaos_runs import read_runs, run_command, runs_violations
@@ -173,31 +174,7 @@ BEGIN
         -- numbered past the highest
         UPDATE projects p SET running = p.running + 1, last_claimed_at = now()
          WHERE p.id = v_job.project_id;
-        UPDATE organization_slots s SET job_id = v_job.id
-         WHERE (s.organization_id, s.slot_no) = (
-               SELECT f.organization_id, f.slot_no FROM organization_slots f
-                WHERE f.organization_id = v_org AND f.job_id IS NULL
-                ORDER BY f.slot_no
-                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
-        WHILE NOT FOUND LOOP  -- another claim adding the same number: wait for it, try the next
-            INSERT INTO organization_slots (organization_id, slot_no, job_id)
-            SELECT v_org, coalesce(max(f.slot_no), 0) + 1, v_job.id
-              FROM organization_slots f WHERE f.organization_id = v_org
-                ON CONFLICT (organization_id, slot_no) DO NOTHING;
-        END LOOP;
-        UPDATE pool_slots s SET job_id = v_job.id
-         WHERE (s.pool_id, s.slot_no) = (
-               SELECT f.pool_id, f.slot_no FROM pool_slots f
-                WHERE f.pool_id = v_job.pool_id AND f.job_id IS NULL
-                ORDER BY f.slot_no
-                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
-        WHILE NOT FOUND LOOP
-            INSERT INTO pool_slots (pool_id, slot_no, job_id)
-            SELECT v_job.pool_id, coalesce(max(f.slot_no), 0) + 1, v_job.id
-              FROM pool_slots f WHERE f.pool_id = v_job.pool_id
-                ON CONFLICT (pool_id, slot_no) DO NOTHING;
-        END LOOP;
-        UPDATE jobs j
+{slots}        UPDATE jobs j
            SET state = 'running', generation = j.generation + 1,
                attempts_made = j.attempts_made + 1, started_at = coalesce(j.started_at, now())
          WHERE j.id = v_job.id
@@ -216,7 +193,7 @@ BEGIN
     END;
 END;
 $$;
-"""
+""".replace("{slots}", UNCONDITIONAL_SLOTS_SQL)
 
 
 class ChaosRun:

@@ -104,23 +104,7 @@ def test_pgd_claim_runs_its_selections_on_the_claim_index(db_url, world, loaded)
     """auto_explain, at NOTICE level, reports every statement pgd_claim runs; over more
     claims than PL/pgSQL needs to switch to a cached generic plan."""
     runner = world.runner(pools=("linux",), slots=100)
-    plans: list[dict] = []
-
-    def on_notice(diag) -> None:
-        message = diag.message_primary or ""
-        if "plan:" in message:
-            plans.append(json.loads(message[message.index("{"):]))
-
-    with db.connect(db_url) as conn:
-        conn.add_notice_handler(on_notice)
-        conn.execute("LOAD 'auto_explain'")
-        for setting, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
-                               ("log_format", "json"), ("log_level", "notice")):
-            conn.execute(f"SET auto_explain.{setting} = {value}")
-        for _ in range(8):
-            c = transitions.claim(conn, runner_id=runner, pools=[loaded["pool_id"]],
-                                  claim_token=transitions.new_claim_token(), lease_seconds=30)
-            assert c is not None
+    plans = claim_plans(db_url, runner, loaded["pool_id"], complete=False)
     selections = [p for p in plans if "SKIP LOCKED" in p["Query Text"] and "FROM jobs j" in p["Query Text"]]
     assert len(selections) == 8, [p["Query Text"][:60] for p in plans]
     for p in selections:
@@ -149,8 +133,9 @@ def test_the_check_fails_without_the_claim_index(conn, loaded):
         assert_uses_claim_index(explain(conn, statement))
 
 
-def candidate_plans(db_url, runner: int, pool_id: int, claims: int = 8) -> list[dict]:
-    """auto_explain's plans of the candidate read over ``claims`` claims (NOTICE level)."""
+def claim_plans(db_url, runner: int, pool_id: int, *, claims: int = 8, complete: bool) -> list[dict]:
+    """The plans of every statement ``claims`` claims run, from auto_explain at NOTICE level
+    (JSON); each claim completed after it when ``complete``."""
     plans: list[dict] = []
 
     def on_notice(diag) -> None:
@@ -168,9 +153,16 @@ def candidate_plans(db_url, runner: int, pool_id: int, claims: int = 8) -> list[
             c = transitions.claim(conn, runner_id=runner, pools=[pool_id],
                                   claim_token=transitions.new_claim_token(), lease_seconds=30)
             assert c is not None
-            transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
-                                 outcome="succeeded", receipt_key=c.receipt_key)
-    return [p for p in plans if "pgd_claim_candidates(" in p["Query Text"]]
+            if complete:
+                transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
+                                     outcome="succeeded", receipt_key=c.receipt_key)
+    return plans
+
+
+def candidate_plans(db_url, runner: int, pool_id: int) -> list[dict]:
+    """The candidate read's plans over 8 claims, each completed."""
+    return [p for p in claim_plans(db_url, runner, pool_id, complete=True)
+            if "pgd_claim_candidates(" in p["Query Text"]]
 
 
 def assert_probes_free_slots(plan: dict) -> None:

@@ -128,14 +128,19 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str) -> dict[str, int]:
     # The upserts that follow wait for nothing: each row is either locked already or new.
     projects = sorted(cfg["projects"], key=lambda e: e["name"])
     list(Q.lock_declared_projects(conn, names=[p["name"] for p in projects]))
-    list(Q.lock_declared_organizations(conn, names=[o["name"] for o in cfg["organizations"]]))
-    list(Q.lock_declared_pools(conn, names=[p["name"] for p in cfg["pools"]]))
-    for o in sorted(cfg["organizations"], key=lambda e: e["name"]):
+    org_ids = {r["name"]: r["id"] for r in Q.lock_declared_organizations(
+        conn, names=[o["name"] for o in cfg["organizations"]])}
+    pool_ids = {r["name"]: r["id"] for r in Q.lock_declared_pools(
+        conn, names=[p["name"] for p in cfg["pools"]])}
+    # Existing organizations and pools are upserted by id, new ones after: a changed limit
+    # locks every slot row of its owner (migration 0008), and releases lock slots by owner id
+    # and slot number, so the two take the slots of several owners in the same order.
+    for o in sorted(cfg["organizations"], key=lambda e: _by_id(org_ids, e["name"])):
         changed += Q.upsert_organization(conn, name=o["name"], max_running=o["max_running"])
     for p in projects:
         changed += Q.upsert_project(conn, name=p["name"], organization=p["organization"],
                                     weight=p["weight"], max_running=p["max_running"])
-    for p in sorted(cfg["pools"], key=lambda e: e["name"]):
+    for p in sorted(cfg["pools"], key=lambda e: _by_id(pool_ids, e["name"])):
         changed += Q.upsert_pool(conn, name=p["name"], slots=p["slots"])
     for p in projects:
         changed += Q.set_project_pools(conn, project=p["name"], pools=p["pools"])
@@ -153,6 +158,11 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str) -> dict[str, int]:
                        details=json.dumps({"changed_rows": changed, **counts}))
     counts["changed_rows"] = changed
     return counts
+
+
+def _by_id(ids: dict[str, int], name: str) -> tuple[bool, int, str]:
+    """Sort key: existing rows by id (``ids``: name -> id), then new ones by name."""
+    return (name not in ids, ids.get(name, 0), name)
 
 
 def apply_config(conn, text: str, *, actor: str, env: dict[str, str] | None = None) -> dict[str, int]:

@@ -73,8 +73,8 @@ SELECT id FROM projects WHERE name = ANY (CAST(:names AS text[])) ORDER BY id FO
 
 -- name: lock_declared_organizations
 -- Lock the existing organizations a config names, by id (after its projects).
-SELECT id FROM organizations WHERE name = ANY (CAST(:names AS text[])) ORDER BY id FOR NO KEY UPDATE;
+SELECT id, name FROM organizations WHERE name = ANY (CAST(:names AS text[])) ORDER BY id FOR NO KEY UPDATE;
 
 -- name: lock_declared_pools
 -- Lock the existing pools a config names, by id (after its organizations).
-SELECT id FROM pools WHERE name = ANY (CAST(:names AS text[])) ORDER BY id FOR NO KEY UPDATE;
+SELECT id, name FROM pools WHERE name = ANY (CAST(:names AS text[])) ORDER BY id FOR NO KEY UPDATE;

@@ -28,8 +28,9 @@
 -- organization slot -> pool slot -> retirement rows. Slot rows are taken SKIP LOCKED, so a
 -- claim never waits for one, and waits for nothing after its slots; a release may wait for
 -- a limit change holding its slot row. A limit change takes the organization or pool row
--- (config apply: after the projects it names), then every slot row of it, then its
--- retirement row: the same order, and it never waits for a job.
+-- (config apply: after the projects it names, owners by id), then every slot row of it in
+-- slot order, then its retirement row: the same order, and it never waits for a job. A
+-- release of several slots locks them by owner id and slot number first (pgd_release_slots).
 --
 -- Fairness (docs/fairness.md): the re-check under the project row lock (0007) now runs
 -- while capacity is scarce: when the free slots of the candidate's organization or pool are
@@ -188,6 +189,22 @@ DECLARE
     v_owed       integer;
     v_nos        integer[];
 BEGIN
+    IF cardinality(p_job_ids) > 1 THEN
+        -- several slots: lock them in owner and slot order first, the order a limit change
+        -- takes them in (pgd_sync_slots; config apply goes owner by owner in id order), so
+        -- that a batch never holds a high slot while waiting for a low one (found by an
+        -- adversarial run: a batch completion and a limit change deadlocked)
+        PERFORM 1 FROM organization_slots s
+          JOIN unnest(p_org_ids, p_job_ids) u(org_id, job_id)
+            ON s.organization_id = u.org_id AND s.job_id = u.job_id
+         ORDER BY s.organization_id, s.slot_no
+           FOR NO KEY UPDATE OF s;
+        PERFORM 1 FROM pool_slots s
+          JOIN unnest(p_pool_ids, p_job_ids) u(pool_id, job_id)
+            ON s.pool_id = u.pool_id AND s.job_id = u.job_id
+         ORDER BY s.pool_id, s.slot_no
+           FOR NO KEY UPDATE OF s;
+    END IF;
     WITH freed AS (
         UPDATE organization_slots s SET job_id = NULL
           FROM unnest(p_org_ids, p_job_ids) u(org_id, job_id)

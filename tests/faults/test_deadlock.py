@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import os
 import random
@@ -214,6 +215,64 @@ def test_submit_depending_on_a_job_racing_its_completion_does_not_deadlock(world
         "SELECT count(*) AS n FROM pg_stat_activity WHERE application_name LIKE 'pgd-test-%%'"
         " AND pid <> pg_backend_pid()").fetchone()["n"] == 0, "the racers' sessions to end")
     assert deadlocks(world.conn) == deadlocks_before
+
+
+def test_a_batch_release_and_a_limit_change_take_slots_in_the_same_order(world, db_url):
+    """A limit change locks every slot row of its organization in slot order (migration 0008,
+    pgd_sync_slots). A batch completion reporting B (slot 3) before A (slot 1) used to free
+    them in item order: holding slot 3, it waited for slot 1, which the limit change held
+    while it waited for slot 3 (40P01; found by an adversarial run). pgd_release_slots now
+    locks a batch's slots in slot order first. An open claim holding slot 2 keeps the limit
+    change waiting in the middle until both are queued; the batch runs without the retry
+    wrapper, so a deadlock would surface here."""
+    world.setup(org_limit=10, pool_slots=100)
+    runner = world.runner(slots=4)
+    world.project("other", org="acme", pools=("linux",))
+    world.job()
+    a = world.claim(runner)                                   # organization slot 1
+    world.job(project="other")
+    world.job()
+    pools = world.pool_ids(("linux",))
+    deadlocks_before = deadlocks(world.conn)
+    with db.connect(db_url, application_name="pgd-test-open-claim") as holder, \
+            db.connect(db_url, application_name="pgd-test-limit") as limit, \
+            db.connect(db_url, application_name="pgd-test-batch") as batch:
+        holder.execute("BEGIN")
+        holder.execute("SELECT * FROM pgd_claim(%s, %s, gen_random_uuid(), 30)", (runner, pools)).fetchall()
+        b = world.claim(runner)                               # organization slot 3
+        slots = {r["job_id"]: r["slot_no"] for r in world.conn.execute(
+            "SELECT slot_no, job_id FROM organization_slots WHERE job_id IS NOT NULL")}
+        assert (slots[a.job_id], slots[b.job_id]) == (1, 3)
+        results: dict[str, Any] = {}
+
+        def run(name, fn):
+            try:
+                results[name] = fn()
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                results[name] = exc
+
+        items = [{"attempt_id": c.attempt_id, "generation": c.generation, "outcome": "failed",
+                  "receipt_key": f"{c.receipt_key}:batch"} for c in (b, a)]
+        threads = [
+            threading.Thread(target=run, name="racer-limit", args=("limit", lambda: limit.execute(
+                "UPDATE organizations SET max_running = 9").rowcount)),
+            threading.Thread(target=run, name="racer-batch", args=("batch", lambda: batch.execute(
+                "SELECT pgd_complete_batch(%s::jsonb, 2, 300)", (json.dumps(items),)).fetchall())),
+        ]
+        threads[0].start()
+        wait_for(lambda: waits_on_lock(world.conn, limit.info.backend_pid),
+                 "the limit change to wait for the open claim's slot")
+        threads[1].start()
+        wait_for(lambda: waits_on_lock(world.conn, batch.info.backend_pid),
+                 "the batch to wait for the limit change")
+        holder.execute("COMMIT")
+        for thread in threads:
+            thread.join(WAIT_S)
+    assert not any(thread.is_alive() for thread in threads)
+    assert results["limit"] == 1, results
+    assert not isinstance(results["batch"], BaseException), results["batch"]
+    assert deadlocks(world.conn) == deadlocks_before
+    assert consistency.violations(world.conn) == []
 
 
 def test_batches_cancelling_shared_dependents_in_opposite_orders_do_not_deadlock(world, db_url):

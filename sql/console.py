@@ -273,8 +273,8 @@ def set_organization_limit(conn, *, organization: str, max_running: int,
                            reason: str | None = None) -> dict[str, Any]:
     """Set an organization's concurrency limit (0–100000), if it is still
     ``expected_max_running``; audited. Its slot rows follow the limit (migration 0008): a
-    lowering deletes the free ones above it and keeps the held ones until their jobs end, so
-    lowering it below the running count stops new claims only. ``running`` in the answer is
+    lowering deletes free slot rows and, below the running count, records the excess as owed,
+    paid back as those jobs end; so it stops new claims only. ``running`` in the answer is
     the held slots as of the change.
 
     Raises: InvalidInput; NotFound; AlreadyResolved (someone changed it since).
@@ -329,8 +329,9 @@ def set_project_limits(conn, *, project: str, max_running: int | None, weight: i
 def set_pool_slots(conn, *, pool: str, slots: int, expected_slots: int, actor: str,
                    reason: str | None = None) -> dict[str, Any]:
     """Set a pool's slots (0–100000), if still ``expected_slots``; audited. Its slot rows
-    follow (migration 0008): lowering them deletes the free ones above and keeps the held
-    ones until their jobs end, so lowering below the running count stops new claims only.
+    follow (migration 0008): lowering them deletes free slot rows and, below the running
+    count, records the excess as owed, paid back as those jobs end; so it stops new claims
+    only.
     ``running`` in the answer is the held slots as of the change.
 
     Raises: InvalidInput; NotFound; AlreadyResolved (someone changed them since).

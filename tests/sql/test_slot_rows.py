@@ -4,7 +4,10 @@ claims only; the fairness re-check runs while capacity is scarce."""
 
 from __future__ import annotations
 
-from sql import transitions
+import threading
+import time
+
+from sql import console, db, transitions
 
 
 def slots(conn, table: str) -> list[tuple[int, bool]]:
@@ -169,3 +172,63 @@ def test_capacity_is_scarce_when_free_slots_are_fewer_than_the_live_runners_slot
                  "pools": [{"name": "linux", "slots": 1000}]})
     transitions.stop_runner(world.conn, runner_id=other)
     assert scarce(world.conn)               # an organization limit of 3, 8 racing
+
+
+def test_after_a_lowering_commits_no_claim_runs_over_the_new_limit(world, db_url):
+    """Four claim loops on their own connections (claim -> 20 ms -> complete) against an
+    organization limit of 6; after 1 s an operator lowers it to 2 while up to 4 jobs run.
+    Every claim stamped after the lowering returned must find, counting itself, at most 2
+    attempts of the organization running at its claimed_at (the jobs already running may
+    finish above the limit; nothing new may start until they do)."""
+    world.setup(org_limit=6, pool_slots=100)
+    runners = [world.runner(slots=1) for _ in range(4)]
+    for _ in range(2000):
+        world.job()
+    pools = world.pool_ids(("linux",))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    claimed = [0] * len(runners)
+
+    def loop(i: int) -> None:
+        try:
+            with db.connect(db_url, application_name=f"racer-{i}") as conn:
+                while not stop.is_set():
+                    c = transitions.claim(conn, runner_id=runners[i], pools=pools,
+                                          claim_token=transitions.new_claim_token(), lease_seconds=30)
+                    if c is None:
+                        time.sleep(0.005)
+                        continue
+                    claimed[i] += 1
+                    time.sleep(0.02)
+                    transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
+                                         outcome="succeeded", receipt_key=c.receipt_key)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(i,), name=f"racer-{i}") for i in range(len(runners))]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    console.set_organization_limit(world.conn, organization="acme", max_running=2,
+                                   expected_max_running=6, actor="alice")
+    lowered_at = world.conn.execute("SELECT clock_timestamp() AS t").fetchone()["t"]
+    time.sleep(2.0)
+    stop.set()
+    for t in threads:
+        t.join(30)
+    assert not errors, errors
+    assert not any(t.is_alive() for t in threads)
+    over = world.conn.execute("""
+        SELECT a.id, a.claimed_at,
+               (SELECT count(*) FROM attempts b
+                 WHERE b.claimed_at <= a.claimed_at
+                   AND (b.finished_at IS NULL OR b.finished_at > a.claimed_at)) AS running
+          FROM attempts a
+         WHERE a.claimed_at > %s
+        """, (lowered_at,)).fetchall()
+    assert len(over) > 20, f"too few claims after the lowering to say anything: {len(over)}"
+    assert [r for r in over if r["running"] > 2] == [], "claims over the lowered limit"
+    assert running(world.conn)["org"] == 0
+    assert slots(world.conn, "organization_slots") == [(n, False) for n, _ in
+                                                        slots(world.conn, "organization_slots")]
+    assert len(slots(world.conn, "organization_slots")) == 2 and owed(world.conn) == {}

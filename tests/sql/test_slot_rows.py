@@ -29,6 +29,22 @@ def scarce(conn) -> bool:
         "  FROM organizations o, pools q").fetchone()["scarce"]
 
 
+def six_jobs_claimed_in_one_batch(world, runner: int) -> list:
+    """Submit six jobs and claim them with one claim_batch (as many as capacity gives)."""
+    for _ in range(6):
+        world.job()
+    return transitions.claim_batch(world.conn, runner_id=runner, pools=world.pool_ids(("linux",)),
+                                   claim_tokens=[transitions.new_claim_token() for _ in range(6)],
+                                   lease_seconds=30)
+
+
+def complete_in_one_batch(world, claims) -> list:
+    """Report every claim of ``claims`` succeeded with one complete_batch; the answers."""
+    return transitions.complete_batch(
+        world.conn, items=[{"attempt_id": c.attempt_id, "generation": c.generation,
+                            "outcome": "succeeded", "receipt_key": c.receipt_key} for c in claims])
+
+
 def test_a_limit_is_its_slot_rows_and_follows_the_limit(world):
     world.setup(org_limit=3, pool_slots=2)
     assert slots(world.conn, "organization_slots") == [(1, False), (2, False), (3, False)]
@@ -103,17 +119,11 @@ def test_raising_a_limit_cancels_what_is_owed_first(world):
 def test_a_batch_release_retires_no_more_than_is_owed(world):
     world.setup(org_limit=10, pool_slots=4)
     runner = world.runner()
-    for _ in range(6):
-        world.job()
-    got = transitions.claim_batch(world.conn, runner_id=runner, pools=world.pool_ids(("linux",)),
-                                  claim_tokens=[transitions.new_claim_token() for _ in range(6)],
-                                  lease_seconds=30)
+    got = six_jobs_claimed_in_one_batch(world, runner)
     assert len(got) == 4
     world.apply({"pools": [{"name": "linux", "slots": 2}]})
     assert owed(world.conn) == {"pool": 2}
-    transitions.complete_batch(
-        world.conn, items=[{"attempt_id": c.attempt_id, "generation": c.generation,
-                            "outcome": "succeeded", "receipt_key": c.receipt_key} for c in got[:3]])
+    complete_in_one_batch(world, got[:3])
     assert owed(world.conn) == {}
     assert sorted(held for _, held in slots(world.conn, "pool_slots")) == [False, True]
     assert world.claim(runner) is not None and world.claim(runner) is None
@@ -122,19 +132,13 @@ def test_a_batch_release_retires_no_more_than_is_owed(world):
 def test_a_batch_takes_as_many_as_the_organization_and_pool_slots_give(world):
     world.setup(org_limit=3, pool_slots=5)
     runner = world.runner()
-    for _ in range(6):
-        world.job()
-    got = transitions.claim_batch(world.conn, runner_id=runner, pools=world.pool_ids(("linux",)),
-                                  claim_tokens=[transitions.new_claim_token() for _ in range(6)],
-                                  lease_seconds=30)
+    got = six_jobs_claimed_in_one_batch(world, runner)
     assert len(got) == 3
     assert running(world.conn) == {"org": 3, "pool": 3}
     pairs = world.conn.execute(
         "SELECT o.job_id FROM organization_slots o JOIN pool_slots q USING (job_id)").fetchall()
     assert sorted(r["job_id"] for r in pairs) == sorted(c.job_id for c in got)
-    answers = transitions.complete_batch(
-        world.conn, items=[{"attempt_id": c.attempt_id, "generation": c.generation,
-                            "outcome": "succeeded", "receipt_key": c.receipt_key} for c in got])
+    answers = complete_in_one_batch(world, got)
     assert all(a["status"] == "recorded" for a in answers)
     assert running(world.conn) == {"org": 0, "pool": 0}
 

@@ -16,7 +16,7 @@ from ..conftest import with_database
 from ..faults import consistency
 
 MIGRATIONS = ["0001_initial", "0002_transitions", "0003_batches", "0004_hot_path", "0005_history",
-             "0006_wakeups", "0007_hot_rows_last", "0008_slot_rows"]
+             "0006_wakeups", "0007_hot_rows_last", "0008_slot_rows", "0009_lean_job_indexes"]
 
 # DESIGN.md, "Entities and states"
 STATES = {
@@ -398,7 +398,7 @@ def test_upgrading_to_slot_rows_gives_each_running_job_its_slots(server_url, dro
             "SELECT name, running FROM organizations UNION ALL SELECT name, running FROM pools")}
         assert before == {"acme": 2, "globex": 1, "linux": 2, "mac": 1}
 
-    assert migrate.upgrade(url) == ["0008_slot_rows"]
+    assert migrate.upgrade(url) == MIGRATIONS[7:]
 
     with db.connect(url) as conn:
         after = {r["name"]: r["running"] for r in conn.execute(
@@ -438,3 +438,40 @@ def test_upgrading_to_slot_rows_gives_each_running_job_its_slots(server_url, dro
         assert conn.execute("SELECT count(*) AS n FROM organization_slots WHERE job_id IS NOT NULL "
                             "UNION ALL SELECT count(*) FROM pool_slots WHERE job_id IS NOT NULL"
                             ).fetchall() == [{"n": 0}, {"n": 0}]
+
+
+def test_upgrading_to_lean_job_indexes_keeps_every_key_unique(server_url, drop_databases):
+    """A database at 0008 with jobs with and without keys, upgraded to 0009: a key submitted
+    before the upgrade still returns its job, the same key in another project is its own, and
+    a duplicate written past pgd_submit is still refused."""
+    name = f"pgd_test_migrate_{uuid.uuid4().hex[:8]}"
+    with db.connect(server_url) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    url = with_database(server_url, name)
+    drop_databases.append(url)
+    assert upgrade_to(url, "0008_slot_rows") == MIGRATIONS[:8]
+
+    def submit(conn, project: str, key: str | None) -> dict:
+        return transitions.submit(conn, project=project, pool="linux", command=["true"],
+                                  idempotency_key=key)
+
+    with db.connect(url) as conn:
+        conn.execute("INSERT INTO organizations (name, max_running) VALUES ('acme', 4)")
+        conn.execute("INSERT INTO pools (name, slots) VALUES ('linux', 4)")
+        conn.execute("INSERT INTO projects (name, organization_id) "
+                     "SELECT p, o.id FROM organizations o, (VALUES ('web'), ('api')) v(p)")
+        conn.execute("INSERT INTO project_pools (project_id, pool_id) SELECT p.id, q.id FROM projects p, pools q")
+        keyed = submit(conn, "web", "deploy-7")
+        unkeyed = [submit(conn, "web", None)["id"] for _ in range(2)]
+
+    assert migrate.upgrade(url) == MIGRATIONS[8:]
+
+    with db.connect(url) as conn:
+        again = submit(conn, "web", "deploy-7")
+        assert (again["id"], again["is_new"]) == (keyed["id"], False)
+        other = submit(conn, "api", "deploy-7")
+        assert other["is_new"] and other["id"] != keyed["id"]
+        assert len(set(unkeyed + [submit(conn, "web", None)["id"]])) == 3
+        assert sqlstate_of(conn, "INSERT INTO jobs (project_id, pool_id, state, command, idempotency_key) "
+                                 "SELECT project_id, pool_id, 'queued', command, idempotency_key "
+                                 "FROM jobs WHERE id = %s", (keyed["id"],)) == "23505"

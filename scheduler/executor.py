@@ -205,6 +205,25 @@ class _Heartbeat(threading.Thread):
         self.is_cancel_requested = threading.Event()
         self.stopping = threading.Event()
         self._wake = wake
+        # arm (after a beat) and disarm (after the job) under one lock, so that a beat still
+        # in flight when the job ends cannot re-arm a process group id that is gone, and that
+        # the system may give to another process group
+        self._watchdog_lock = threading.Lock()
+        self._is_disarmed = False
+
+    def disarm_watchdog(self) -> None:
+        """Tell the watchdog the job's process group has ended; no beat arms it again."""
+        with self._watchdog_lock:
+            self._is_disarmed = True
+            if self.watchdog is not None and self.pgid is not None:
+                self.watchdog.disarm(self.pgid)
+
+    def _arm_watchdog(self) -> None:
+        with self._watchdog_lock:
+            if self._is_disarmed or self.watchdog is None or self.pgid is None:
+                return
+            self.watchdog.arm(self.pgid, lease_from=self.last_ok_sent_at,
+                              lease_seconds=self.settings.lease_seconds)
 
     def run(self) -> None:
         interval = self.settings.heartbeat_seconds
@@ -231,9 +250,7 @@ class _Heartbeat(threading.Thread):
                 wait = max(0.1, interval / 4)
                 continue
             self.last_ok_sent_at = max(self.last_ok_sent_at, sent)
-            if self.watchdog is not None and self.pgid is not None:
-                self.watchdog.arm(self.pgid, lease_from=self.last_ok_sent_at,
-                                  lease_seconds=self.settings.lease_seconds)
+            self._arm_watchdog()
             wait = interval
             if lease.is_cancel_requested and not self.is_cancel_requested.is_set():
                 self.is_cancel_requested.set()
@@ -506,8 +523,7 @@ class Execution:
             # Whatever happened, nothing of the job's process group survives it.
             _kill_group(proc.pid, signal.SIGKILL)
             proc.wait()
-            if self.watchdog is not None:
-                self.watchdog.disarm(proc.pid)
+            hb.disarm_watchdog()
             proc.stdout.close()
         # A beat in flight could otherwise race the completion; it is short or it is stuck.
         hb.join(timeout=self.settings.heartbeat_seconds)

@@ -30,11 +30,13 @@ import time
 log = logging.getLogger(__name__)
 
 
-def _kill(pgid: int) -> None:
+def _kill(pgid: int) -> bool:
+    """SIGKILL process group ``pgid``; False when there was no such group to kill."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
-        pass
+        return False
+    return True
 
 
 def watch(fd: int = 0) -> int:
@@ -46,19 +48,18 @@ def watch(fd: int = 0) -> int:
     while True:
         now = time.monotonic()
         for pgid in [g for g, deadline in groups.items() if deadline <= now]:
-            _kill(pgid)
             del groups[pgid]
-            print(f"watchdog: killed process group {pgid}: its lease was not renewed in time",
-                  file=sys.stderr, flush=True)
+            if _kill(pgid):
+                print(f"watchdog: killed process group {pgid}: its lease was not renewed in time",
+                      file=sys.stderr, flush=True)
         timeout = max(0.0, min(groups.values()) - now) if groups else None
         if not sel.select(timeout):
             continue
         data = os.read(fd, 65536)
         if not data:
-            for pgid in groups:
-                _kill(pgid)
-            if groups:
-                print(f"watchdog: scheduler gone; killed process groups {sorted(groups)}",
+            killed = sorted(pgid for pgid in groups if _kill(pgid))
+            if killed:
+                print(f"watchdog: scheduler gone; killed process groups {killed}",
                       file=sys.stderr, flush=True)
             return 0
         pending += data

@@ -28,7 +28,8 @@ class Conflict(PgDispatchError):
 
 
 class AlreadyResolved(Conflict):
-    """Another actor moved the entity on first (SQLSTATE PDALR); the message says who and when."""
+    """The entity is already past the action (SQLSTATE PDALR): another actor or the system moved it
+    first, or it never was in the state the action undoes; the message says why, and when."""
 
 
 class FencedOut(PgDispatchError):

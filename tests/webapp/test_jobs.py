@@ -34,7 +34,7 @@ def test_approve_cancel_retry_through_the_console(operator, world):
     assert world.row("jobs", gated["id"])["state"] == "cancelled"
     again = operator.post(f"/jobs/{gated['id']}/cancel", data={"csrf_token": operator.csrf},
                           headers={"HX-Request": "true"})
-    assert again.status_code == 409 and b"cannot be cancelled (last action by alice" in again.data
+    assert again.status_code == 409 and b"cannot be cancelled (cancelled by alice, at 20" in again.data
     retried = operator.post(f"/jobs/{gated['id']}/retry", data={"csrf_token": operator.csrf})
     assert retried.status_code == 303
     assert world.row("jobs", gated["id"])["state"] == "queued"

@@ -53,6 +53,12 @@ def check_int(kind: str, value: Any, low: int, high: int, *, strict: bool = Fals
     return value
 
 
+def _plain(number: float) -> str:
+    """A number as people write it: 2592000.0 -> "2592000", 0.25 -> "0.25" (an exponent only
+    past 12 digits)."""
+    return format(number, ".12g")
+
+
 def check_number(kind: str, value: Any, low: float, high: float) -> float:
     """A finite number (or numeric text) in [low, high]; else InvalidInput."""
     if isinstance(value, bool):
@@ -65,7 +71,7 @@ def check_number(kind: str, value: Any, low: float, high: float) -> float:
     if not isinstance(value, (int, float)) or not math.isfinite(value):
         raise InvalidInput(f"{kind} must be a finite number, got {value!r}")
     if not low <= value <= high:
-        raise InvalidInput(f"{kind} must be between {low:g} and {high:g}, got {value:g}")
+        raise InvalidInput(f"{kind} must be between {_plain(low)} and {_plain(high)}, got {_plain(value)}")
     return float(value)
 
 

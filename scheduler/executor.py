@@ -522,8 +522,10 @@ class Execution:
             hb.stopping.set()
             # Whatever happened, nothing of the job's process group survives it.
             _kill_group(proc.pid, signal.SIGKILL)
-            proc.wait()
+            # Disarmed before the reap: until proc.wait() the unreaped leader keeps its pid, so
+            # the group id cannot have gone to a new job whose arm this disarm would cancel.
             hb.disarm_watchdog()
+            proc.wait()
             proc.stdout.close()
         # A beat in flight could otherwise race the completion; it is short or it is stuck.
         hb.join(timeout=self.settings.heartbeat_seconds)

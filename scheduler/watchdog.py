@@ -12,8 +12,9 @@ the job has ended. The watchdog SIGKILLs a group
 * when its stdin reaches end of file: the scheduler is gone (even SIGKILL closes its end of
   the pipe), and a job whose supervisor is gone must not go on beside its next attempt.
 
-The watchdog ignores SIGINT and SIGTERM: a Ctrl-C meant for the scheduler's drain must not
-kill jobs that are being given their grace period.
+The watchdog runs in its own session, so that stopping the scheduler's whole process group
+(``kill -STOP -PGID``, Ctrl-Z) does not freeze it too, and ignores SIGINT and SIGTERM: a Ctrl-C
+meant for the scheduler's drain must not kill jobs that are being given their grace period.
 """
 
 from __future__ import annotations
@@ -81,8 +82,10 @@ class Watchdog:
     def __init__(self, *, margin_seconds: float):
         self.margin_seconds = margin_seconds
         self._lock = threading.Lock()
+        # its own session: a SIGSTOP sent to the scheduler's process group (kill -STOP -PGID,
+        # Ctrl-Z in a terminal) must not freeze the watchdog with the scheduler
         self._proc = subprocess.Popen([sys.executable, "-m", "scheduler.watchdog"],
-                                      stdin=subprocess.PIPE, close_fds=True)
+                                      stdin=subprocess.PIPE, close_fds=True, start_new_session=True)
 
     def _send(self, line: str) -> None:
         with self._lock:

@@ -21,7 +21,11 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 Connection = psycopg.Connection
-RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure)
+# Deadlock and serialization failure (PostgreSQL docs 13.4); and 42P10, what a call already
+# running the old body of a function meets when a migration replaces the unique index its
+# INSERT ... ON CONFLICT names (0009 did, for pgd_submit): the retry runs the new body.
+RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
+             pg_errors.InvalidColumnReference)
 MAX_TRIES = 6
 
 
@@ -108,7 +112,9 @@ def in_transaction(conn: psycopg.Connection, fn: Callable[..., T], *args: Any,
                    one_statement: bool = False, **kwargs: Any) -> T:
     """Run ``fn(conn, *args, **kwargs)`` in one transaction, retrying the whole of it after
     a deadlock (SQLSTATE 40P01) or serialization failure (40001), with jittered backoff,
-    at most ``max_tries`` times (PostgreSQL docs 13.4, "Serialization Failure Handling").
+    at most ``max_tries`` times (PostgreSQL docs 13.4, "Serialization Failure Handling");
+    also after 42P10, an ON CONFLICT whose arbiter a migration replaced while the call ran
+    (``RETRYABLE``).
 
     With ``one_statement`` (``fn`` sends exactly one statement on an autocommit connection)
     no BEGIN/COMMIT is sent: the statement is its own implicit transaction, committed by the

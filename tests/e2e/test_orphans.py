@@ -11,6 +11,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from .test_scheduler_e2e import (LEASE_SECONDS, is_running, job_row, schedulers,  # noqa: F401
                                  wait_until)
 
@@ -53,13 +55,17 @@ def test_sigkilled_scheduler_takes_its_jobs_with_it(world, schedulers):
                timeout=3 * LEASE_SECONDS, procs=schedulers)
 
 
-def test_frozen_scheduler_job_is_killed_before_its_lease_lapses(world, schedulers):
+@pytest.mark.parametrize("frozen", ["process", "process group"])
+def test_frozen_scheduler_job_is_killed_before_its_lease_lapses(world, schedulers, frozen):
+    """SIGSTOP to the scheduler, or to its whole process group (kill -STOP -PGID, Ctrl-Z in a
+    terminal): the watchdog runs in its own session, so it is not frozen with them."""
     world.setup()
     job = world.job(command=quiet_sleeper(schedulers), max_attempts=2)
-    a = schedulers.start("a")
+    a = schedulers.start("a", new_session=True)
     wait_until(lambda: is_running(world.conn, job["id"]), what="the job to run", procs=schedulers)
     pgid = schedulers.job_pid(job["id"])
-    a.send_signal(signal.SIGSTOP)
+    freeze = a.send_signal if frozen == "process" else (lambda sig: os.killpg(a.pid, sig))
+    freeze(signal.SIGSTOP)
     try:
         frozen_at = time.monotonic()
         wait_until(lambda: not group_alive(pgid), what="the frozen scheduler's job to be killed",
@@ -72,4 +78,4 @@ def test_frozen_scheduler_job_is_killed_before_its_lease_lapses(world, scheduler
                                       "WHERE job_id = %s", (job["id"],)).fetchall()
         assert [a_["state"] for a_ in attempts] == ["running"]
     finally:
-        a.send_signal(signal.SIGCONT)
+        freeze(signal.SIGCONT)

@@ -48,7 +48,10 @@ class Schedulers:
         self.procs: list[tuple[str, subprocess.Popen, Path]] = []
 
     def start(self, name: str, *, pools=("linux",), slots: int = 2,
-              grace_seconds: float | None = None, via_cli: bool = False) -> subprocess.Popen:
+              grace_seconds: float | None = None, via_cli: bool = False,
+              new_session: bool = False) -> subprocess.Popen:
+        """Start scheduler ``name``; with ``new_session`` it leads its own process group (as
+        under a shell's job control), so that a signal can go to that whole group."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
         env.update(DATABASE_URL=self.db_url, PGDISPATCH_LEASE_SECONDS=str(LEASE_SECONDS),
                    PGDISPATCH_HEARTBEAT_SECONDS="0.5", PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2",
@@ -65,7 +68,8 @@ class Schedulers:
         log_path = self.tmp_path / f"{name}.log"
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=log_file,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=new_session)
         self.procs.append((name, proc, log_path))
         return proc
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import multiprocessing
 import re
+import threading
+import time
 import uuid
 from urllib.parse import urlsplit
 
@@ -476,3 +478,52 @@ def test_upgrading_to_lean_job_indexes_keeps_every_key_unique(server_url, drop_d
         assert sqlstate_of(conn, "INSERT INTO jobs (project_id, pool_id, state, command, idempotency_key) "
                                  "SELECT project_id, pool_id, 'queued', command, idempotency_key "
                                  "FROM jobs WHERE id = %s", (keyed["id"],)) == "23505"
+
+
+def test_a_submit_running_while_0009_commits_is_retried_not_failed(server_url, drop_databases):
+    """A submit whose pgd_submit started before 0009 committed runs the old body, whose
+    ON CONFLICT names the unique constraint 0009 replaces: its INSERT fails with 42P10, and
+    the transition retries it on the new body (sql.db.RETRYABLE) instead of failing. The
+    submit is held inside pgd_submit by a lock on ``pools`` while the upgrade commits."""
+    name = f"pgd_test_migrate_{uuid.uuid4().hex[:8]}"
+    with db.connect(server_url) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    url = with_database(server_url, name)
+    drop_databases.append(url)
+    assert upgrade_to(url, "0008_slot_rows") == MIGRATIONS[:8]
+    with db.connect(url) as conn:
+        conn.execute("INSERT INTO organizations (name, max_running) VALUES ('acme', 4)")
+        conn.execute("INSERT INTO pools (name, slots) VALUES ('linux', 4)")
+        conn.execute("INSERT INTO projects (name, organization_id) SELECT 'web', id FROM organizations")
+        conn.execute("INSERT INTO project_pools (project_id, pool_id) SELECT p.id, q.id FROM projects p, pools q")
+
+    got: dict = {}
+
+    def submit() -> None:
+        with db.connect(url, application_name="inflight-submit") as conn:
+            try:
+                got["job"] = transitions.submit(conn, project="web", pool="linux", command=["true"],
+                                                idempotency_key="deploy-1")
+            except Exception as exc:  # reported below, with its type
+                got["error"] = exc
+
+    with db.connect(url) as holder, db.connect(url) as watcher:
+        holder.execute("BEGIN")
+        holder.execute("LOCK TABLE pools IN ACCESS EXCLUSIVE MODE")
+        submitter = threading.Thread(target=submit, name="racer-submit")
+        submitter.start()
+        deadline = time.monotonic() + 30
+        while not watcher.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE "
+                                  "application_name = 'inflight-submit' AND wait_event_type = 'Lock'"
+                                  ).fetchone()["n"]:
+            assert time.monotonic() < deadline, "the submit never reached the lock"
+            time.sleep(0.02)
+        assert upgrade_to(url, "0009_lean_job_indexes") == ["0009_lean_job_indexes"]
+        holder.execute("COMMIT")
+        submitter.join(timeout=30)
+    assert not submitter.is_alive()
+    assert "error" not in got, repr(got.get("error"))
+    assert got["job"]["is_new"]
+    with db.connect(url) as conn:
+        assert transitions.submit(conn, project="web", pool="linux", command=["true"],
+                                  idempotency_key="deploy-1")["id"] == got["job"]["id"]

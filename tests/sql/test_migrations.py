@@ -348,18 +348,34 @@ def upgrade_to(url: str, last: str) -> list[str]:
         backend.connection.close()
 
 
+def database_at(server_url: str, drop_databases: list[str], last: str) -> str:
+    """A new database (dropped after the test) migrated up to ``last``; returns its URL."""
+    name = f"pgd_test_migrate_{uuid.uuid4().hex[:8]}"
+    with db.connect(server_url) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    url = with_database(server_url, name)
+    drop_databases.append(url)
+    assert upgrade_to(url, last) == MIGRATIONS[:MIGRATIONS.index(last) + 1]
+    return url
+
+
+def acme_on_linux(conn, projects: tuple[str, ...] = ("web",)) -> None:
+    """Organization acme (4 running), pool linux (4 slots), ``projects`` granted the pool,
+    written directly (the schema of an older migration)."""
+    conn.execute("INSERT INTO organizations (name, max_running) VALUES ('acme', 4)")
+    conn.execute("INSERT INTO pools (name, slots) VALUES ('linux', 4)")
+    conn.execute("INSERT INTO projects (name, organization_id) "
+                 "SELECT p, o.id FROM organizations o, unnest(%s::text[]) p", (list(projects),))
+    conn.execute("INSERT INTO project_pools (project_id, pool_id) SELECT p.id, q.id FROM projects p, pools q")
+
+
 def test_upgrading_to_slot_rows_gives_each_running_job_its_slots(server_url, drop_databases):
     """A database at 0007 with running jobs, upgraded to 0008: each running job holds one slot
     of its organization and one of its pool (numbered from 1 by job id), the free slots fill
     up to each limit (or what is over it is owed back), and the held slots say what the dropped ``running`` columns said, even
     for an organization already above its limit; jobs that hold no capacity (finished, or
     uncertain after a lost deployment) hold no slot."""
-    name = f"pgd_test_migrate_{uuid.uuid4().hex[:8]}"
-    with db.connect(server_url) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    url = with_database(server_url, name)
-    drop_databases.append(url)
-    assert upgrade_to(url, "0007_hot_rows_last") == MIGRATIONS[:7]
+    url = database_at(server_url, drop_databases, "0007_hot_rows_last")
 
     with db.connect(url) as conn:
         conn.execute("INSERT INTO organizations (name, max_running) VALUES ('acme', 4), ('globex', 2)")
@@ -447,23 +463,14 @@ def test_upgrading_to_lean_job_indexes_keeps_every_key_unique(server_url, drop_d
     """A database at 0008 with jobs with and without keys, upgraded to 0009: a key submitted
     before the upgrade still returns its job, the same key in another project is its own, and
     a duplicate written past pgd_submit is still refused."""
-    name = f"pgd_test_migrate_{uuid.uuid4().hex[:8]}"
-    with db.connect(server_url) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    url = with_database(server_url, name)
-    drop_databases.append(url)
-    assert upgrade_to(url, "0008_slot_rows") == MIGRATIONS[:8]
+    url = database_at(server_url, drop_databases, "0008_slot_rows")
 
     def submit(conn, project: str, key: str | None) -> dict:
         return transitions.submit(conn, project=project, pool="linux", command=["true"],
                                   idempotency_key=key)
 
     with db.connect(url) as conn:
-        conn.execute("INSERT INTO organizations (name, max_running) VALUES ('acme', 4)")
-        conn.execute("INSERT INTO pools (name, slots) VALUES ('linux', 4)")
-        conn.execute("INSERT INTO projects (name, organization_id) "
-                     "SELECT p, o.id FROM organizations o, (VALUES ('web'), ('api')) v(p)")
-        conn.execute("INSERT INTO project_pools (project_id, pool_id) SELECT p.id, q.id FROM projects p, pools q")
+        acme_on_linux(conn, ("web", "api"))
         keyed = submit(conn, "web", "deploy-7")
         unkeyed = [submit(conn, "web", None)["id"] for _ in range(2)]
 
@@ -485,17 +492,9 @@ def test_a_submit_running_while_0009_commits_is_retried_not_failed(server_url, d
     ON CONFLICT names the unique constraint 0009 replaces: its INSERT fails with 42P10, and
     the transition retries it on the new body (sql.db.RETRYABLE) instead of failing. The
     submit is held inside pgd_submit by a lock on ``pools`` while the upgrade commits."""
-    name = f"pgd_test_migrate_{uuid.uuid4().hex[:8]}"
-    with db.connect(server_url) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    url = with_database(server_url, name)
-    drop_databases.append(url)
-    assert upgrade_to(url, "0008_slot_rows") == MIGRATIONS[:8]
+    url = database_at(server_url, drop_databases, "0008_slot_rows")
     with db.connect(url) as conn:
-        conn.execute("INSERT INTO organizations (name, max_running) VALUES ('acme', 4)")
-        conn.execute("INSERT INTO pools (name, slots) VALUES ('linux', 4)")
-        conn.execute("INSERT INTO projects (name, organization_id) SELECT 'web', id FROM organizations")
-        conn.execute("INSERT INTO project_pools (project_id, pool_id) SELECT p.id, q.id FROM projects p, pools q")
+        acme_on_linux(conn)
 
     got: dict = {}
 

@@ -22,7 +22,9 @@ catching a process that used its own skewed clock for a lease, a delay and a bac
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import glob
 import json
 import os
 import re
@@ -48,10 +50,20 @@ SKEWS = {"ahead": ("+10m", SKEW_S), "behind": ("-10m", -SKEW_S)}
 
 
 def faketime(offset: str) -> list[str]:
-    """The command prefix that runs a program with its wall clock moved by ``offset``."""
+    """The command prefix that runs a program with its wall clock moved by ``offset``.
+
+    Clears first what earlier runs left in /dev/shm: libfaketime names a semaphore and a
+    shared-memory segment after the pid of the process that starts the skew, and unlinks them
+    only when that process exits normally. A SIGKILLed run leaves them behind, and a later
+    run given the same pid then failed with "sem_open: File exists" (seen in a CI run)."""
     exe = shutil.which("faketime")
     assert exe, ("the clock tests need libfaketime: apt-get install -y faketime "
                  "(.ci/run installs it)")
+    for path in glob.glob("/dev/shm/faketime_shm_*") + glob.glob("/dev/shm/sem.faketime_sem_*"):
+        pid = path.rsplit("_", 1)[1]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):  # its process is gone
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     return [exe, "-f", offset]
 
 
@@ -133,7 +145,8 @@ class SkewedScheduler:
         """``pgdispatch submit`` under the same skew; returns the job it printed."""
         out = subprocess.run([*faketime(self.offset), sys.executable, "-m", "pgdispatch", "submit",
                               *args], env=self.env, cwd=ROOT, capture_output=True, text=True,
-                             timeout=DEADLINE_S, check=True, stdin=subprocess.DEVNULL)
+                             timeout=DEADLINE_S, stdin=subprocess.DEVNULL)
+        assert out.returncode == 0, f"skewed submit exited {out.returncode}: {out.stderr[-2000:]}"
         return json.loads(out.stdout)
 
     def start(self) -> None:
@@ -267,7 +280,8 @@ def client_clock(db_url: str, offset: str, what: str, row_id: int, seconds: floa
     out = subprocess.run([*faketime(offset), sys.executable, "-c", CLIENT_CLOCK_SCRIPT, db_url,
                           what, str(row_id), str(seconds)],
                          env={**os.environ, "FAKETIME_DONT_FAKE_MONOTONIC": "1"}, cwd=ROOT,
-                         capture_output=True, text=True, timeout=DEADLINE_S, check=True)
+                         capture_output=True, text=True, timeout=DEADLINE_S)
+    assert out.returncode == 0, f"skewed client exited {out.returncode}: {out.stderr[-2000:]}"
     return dt.datetime.fromisoformat(out.stdout.strip())
 
 

@@ -18,15 +18,9 @@ from scheduler.watchdog import Watchdog
 from sql import Settings, db
 from sql.scheduling import make_scheduler_pool
 
+from .conftest import wait_until
+
 SETTINGS = Settings(lease_seconds=3.0, heartbeat_seconds=0.2, claim_interval_seconds=0.2)
-
-
-def wait_until(predicate, *, what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def beat_blocked(conn) -> bool:

@@ -31,8 +31,10 @@ Cycles (``@cycle`` registers one; each becomes two series, limits free and limit
   of up to 10 or 50 jobs of one project and pool, then ``complete_batch`` of them), with the
   same guarantees: a scheduler with that many free slots.
 
-Limits: *free* sets organization ``max_running``, pool ``slots`` and every project's
-``max_running`` to 100,000 (checked by every claim, never reached); *binding* sets the
+Limits: *free* sets organization ``max_running`` and pool ``slots`` to 100,000 (checked by
+every claim, never reached) and gives the projects no bound of their own (the default: a
+project bound makes that project's claims take turns, migration 0011, so until then it was
+100,000 too); *binding* sets the
 organization and the pool to ⌈N/2⌉ and each project to ⌈N/4⌉, so that about half of the
 workers' claims find no capacity (at N = 1 nothing can bind: one loop holds one job at a
 time). A worker whose claim finds nothing while jobs are still queued sleeps
@@ -85,7 +87,7 @@ SELECT (SELECT count(*) FROM jobs WHERE state = 'succeeded') AS succeeded,
        (SELECT count(*) FROM attempts WHERE state = 'succeeded') AS attempts,
        (SELECT count(*) FROM delivery_receipts) AS receipts,
        (SELECT coalesce(sum(pgd_organization_running(id)), 0) FROM organizations)
-     + (SELECT coalesce(sum(running), 0) FROM projects)
+     + (SELECT coalesce(sum(pgd_project_running(id)), 0) FROM projects)
      + (SELECT coalesce(sum(pgd_pool_running(id)), 0) FROM pools) AS running
 """
 
@@ -189,21 +191,22 @@ class Bench:
 # --- limits and jobs --------------------------------------------------------------------------
 
 
-def limits(clients: int, *, binding: bool) -> dict[str, int]:
+def limits(clients: int, *, binding: bool) -> dict[str, int | None]:
     """Organization, pool and per-project limits for ``clients`` loops (see module doc)."""
     if not binding:
-        return {"organization": FREE_LIMIT, "pool": FREE_LIMIT, "project": FREE_LIMIT}
+        return {"organization": FREE_LIMIT, "pool": FREE_LIMIT, "project": None}
     return {"organization": math.ceil(clients / 2), "pool": math.ceil(clients / 2),
             "project": math.ceil(clients / 4)}
 
 
-def config_text(limit: dict[str, int], projects: int) -> str:
+def config_text(limit: dict[str, int | None], projects: int) -> str:
     """The apply file (TOML) declaring the bench organization, pool and projects."""
     lines = ["[[organizations]]", f'name = "{ORG}"', f"max_running = {limit['organization']}",
              "[[pools]]", f'name = "{POOL}"', f"slots = {limit['pool']}"]
     for p in range(projects):
-        lines += ["[[projects]]", f'name = "p{p}"', f'organization = "{ORG}"', f'pools = ["{POOL}"]',
-                  f"max_running = {limit['project']}"]
+        lines += ["[[projects]]", f'name = "p{p}"', f'organization = "{ORG}"', f'pools = ["{POOL}"]']
+        if limit["project"] is not None:
+            lines.append(f"max_running = {limit['project']}")
     return "\n".join(lines) + "\n"
 
 

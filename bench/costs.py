@@ -432,7 +432,7 @@ SELECT (SELECT count(*) FROM jobs) AS jobs,
          WHERE j.generation = 1 AND a.generation = 1) AS fenced,
        (SELECT count(*) FROM delivery_receipts) AS receipts,
        (SELECT count(*) FROM audit_events) AS audit_events,
-       (SELECT coalesce(sum(running), 0) FROM projects) AS running,
+       (SELECT coalesce(sum(pgd_project_running(id)), 0) FROM projects) AS running,
        (SELECT count(*) FROM organization_slots WHERE job_id IS NOT NULL)
      + (SELECT count(*) FROM pool_slots WHERE job_id IS NOT NULL) AS product_slots_held
 """

@@ -34,7 +34,7 @@ real concurrent claimers (``drive_concurrent``):
   larger than the run (submitted interleaved, so a global FIFO alternates between them); a
   pool of 8 slots; durations uniform in [1, 10) virtual time units, seeded.
 * ``weighted-3to1-threads`` — the same projects and pool; 12 claim loops, each on its own
-  connection, claim -> sleep 20-60 ms -> complete; a sampler reads the running counters every
+  connection, claim -> sleep 20-60 ms -> complete; a sampler reads the running counts every
   4 ms; 1 s of warm-up, then ``--threads-seconds`` measured.
 
 Figures: Jain's fairness index (Jain, Chiu & Hawe, DEC-TR-301, 1984) of weighted running
@@ -124,10 +124,10 @@ def candidate_order() -> str:
     return " ".join(match.group(2).split())
 
 
-# pgd_fairer_candidate_exists answering "no" whatever the shares (same signature as 0007's)
+# pgd_fairer_candidate_exists answering "no" whatever the shares (same signature as 0011's)
 NO_FAIRNESS_RECHECK = """
 CREATE OR REPLACE FUNCTION pgd_fairer_candidate_exists(p_pool_ids bigint[], p_org_id bigint,
-    p_project projects)
+    p_project projects, p_running integer)
 RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT false $$
 """
 
@@ -135,7 +135,7 @@ RETURNS boolean LANGUAGE sql STABLE AS $$ SELECT false $$
 def install_global_order(conn) -> None:
     """Make pgd_claim in this database a plain global priority/FIFO queue across projects:
     candidates in the head job's order, and no re-check of weighted shares under the project
-    row lock (migration 0007)."""
+    claim lock (migrations 0007, 0011)."""
     conn.execute(variant_sql("pgd_claim_candidates", order_by=GLOBAL_ORDER))
     conn.execute(NO_FAIRNESS_RECHECK)
 
@@ -328,8 +328,8 @@ def drive(conn, *, runner_id: int, pool_ids: Sequence[int], slots: int, claims: 
         project = names[c.project_id]
         before = dict(queued)
         queued[project] -= 1
-        rows = conn.execute("SELECT p.id, p.running, j.priority FROM projects p, jobs j "
-                            "WHERE j.id = %s", (c.job_id,)).fetchall()
+        rows = conn.execute("SELECT p.id, pgd_project_running(p.id) AS running, j.priority "
+                            "FROM projects p, jobs j WHERE j.id = %s", (c.job_id,)).fetchall()
         trace.steps.append(Step(claim_no=claim_no, project=project, priority=rows[0]["priority"],
                                 running={names[r["id"]]: r["running"] for r in rows if r["id"] in names},
                                 queued_before=before, claim_seconds=elapsed))
@@ -471,7 +471,8 @@ def drive_concurrent(db_url: str, *, runner_id: int, pool_ids: Sequence[int], na
         try:
             with db.connect(db_url, application_name="bench-sampler") as conn:
                 while not stop.is_set():
-                    rows = conn.execute("SELECT id, running FROM projects").fetchall()
+                    rows = conn.execute("SELECT id, pgd_project_running(id) AS running "
+                                        "FROM projects").fetchall()
                     if time.monotonic() >= measure_from:
                         samples.append({names[r["id"]]: r["running"] for r in rows if r["id"] in names})
                     time.sleep(sample_interval_seconds)

@@ -79,7 +79,7 @@ UPDATE organizations SET max_running = :max_running WHERE id = :organization_id;
 
 -- name: lock_project^
 -- Lock a project's row before changing its bound and weight.
-SELECT id, name, max_running, weight, running FROM projects WHERE name = :name FOR UPDATE;
+SELECT id, name, max_running, weight, pgd_project_running(id) AS running FROM projects WHERE name = :name FOR UPDATE;
 
 -- name: update_project_limits!
 -- Set a project's running bound (NULL: none) and fairness weight.

@@ -21,11 +21,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 Connection = psycopg.Connection
-# Deadlock and serialization failure (PostgreSQL docs 13.4); and 42P10, what a call already
-# running the old body of a function meets when a migration replaces the unique index its
-# INSERT ... ON CONFLICT names (0009 did, for pgd_submit): the retry runs the new body.
+# Deadlock and serialization failure (PostgreSQL docs 13.4); and what a call already
+# running the old body of a function meets when a migration changes the schema under it:
+# 42P10 when the unique index its INSERT ... ON CONFLICT names is replaced (0009, for
+# pgd_submit), 42703 when a column it reads is dropped (0011, projects.running, for
+# pgd_claim). The retry runs the new body.
 RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
-             pg_errors.InvalidColumnReference)
+             pg_errors.InvalidColumnReference, pg_errors.UndefinedColumn)
 MAX_TRIES = 6
 
 
@@ -113,8 +115,8 @@ def in_transaction(conn: psycopg.Connection, fn: Callable[..., T], *args: Any,
     """Run ``fn(conn, *args, **kwargs)`` in one transaction, retrying the whole of it after
     a deadlock (SQLSTATE 40P01) or serialization failure (40001), with jittered backoff,
     at most ``max_tries`` times (PostgreSQL docs 13.4, "Serialization Failure Handling");
-    also after 42P10, an ON CONFLICT whose arbiter a migration replaced while the call ran
-    (``RETRYABLE``).
+    also after 42P10 or 42703, an ON CONFLICT arbiter or a column a migration replaced or
+    dropped while the call ran (``RETRYABLE``).
 
     With ``one_statement`` (``fn`` sends exactly one statement on an autocommit connection)
     no BEGIN/COMMIT is sent: the statement is its own implicit transaction, committed by the

@@ -9,7 +9,7 @@ SELECT pgd_resume_project(:project, :reason, :actor);
 -- name: list_projects
 -- Every project with its organization, limits, running count, pause state and granted pools.
 SELECT p.id, p.name, p.organization_id, o.name AS organization, p.weight, p.max_running,
-       p.running, p.paused_at, p.pause_reason, p.paused_by, p.last_claimed_at,
+       pgd_project_running(p.id) AS running, p.paused_at, p.pause_reason, p.paused_by, p.last_claimed_at,
        ARRAY(SELECT q.name FROM project_pools pp JOIN pools q ON q.id = pp.pool_id
               WHERE pp.project_id = p.id ORDER BY q.name) AS pools
   FROM projects p JOIN organizations o ON o.id = p.organization_id

@@ -76,12 +76,13 @@ class World:
 
     def counters(self) -> dict[str, int]:
         """Running jobs summed over organizations and pools (their held slots) and projects
-        (their counters), and the running attempts that back them."""
+        (their running jobs), and the running attempts that back them."""
         c = self.conn
         return {
             "org": c.execute("SELECT coalesce(sum(pgd_organization_running(id)),0) AS n "
                              "FROM organizations").fetchone()["n"],
-            "project": c.execute("SELECT coalesce(sum(running),0) AS n FROM projects").fetchone()["n"],
+            "project": c.execute("SELECT coalesce(sum(pgd_project_running(id)),0) AS n "
+                                 "FROM projects").fetchone()["n"],
             "pool": c.execute("SELECT coalesce(sum(pgd_pool_running(id)),0) AS n FROM pools").fetchone()["n"],
             "attempts": c.execute("SELECT count(*) AS n FROM attempts WHERE state='running'").fetchone()["n"],
         }

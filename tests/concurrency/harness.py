@@ -5,18 +5,20 @@ Three instruments:
 * ``run_together`` runs one callable per thread, each on its own connection, all released
   at once by a ``threading.Barrier``, and returns every result or exception.
 * ``Watcher`` samples, in one snapshot per sample, every organization's and pool's held
-  slots and every project's ``running`` counter beside its limit and beside the running
+  slots and every project's running jobs beside its limit and beside the running
   attempts that should back them (and every target beside the jobs holding it), and records
   each sample where the capacity in use is over its limit or disagrees with the attempts.
 * ``max_overlaps`` sweeps the attempts' ``[claimed_at, finished_at)`` intervals for the
   most attempts that held one organization, project, pool or target at once. That sweep is
   exact because pgd_claim, pgd_complete and pgd_expire_one stamp those columns with
-  ``clock_timestamp()`` *after* taking or freeing the job's organization and pool slot rows
-  and updating its project row, locks held to commit: for two transactions touching the
-  same row the stamps are in commit order, and a slot row freed by one attempt is taken by
-  the next only after that release committed, so the attempts of one slot never overlap
-  (migration 0008; before it the organization and pool rows were counters locked the same
-  way). (Stamped with ``now()``, the start of the transaction, they were not: a claim that
+  ``clock_timestamp()`` *after* taking or freeing the job's organization and pool slot rows,
+  locks held to commit: for two transactions touching the same row the stamps are in commit
+  order, and a slot row freed by one attempt is taken by the next only after that release
+  committed, so the attempts of one slot never overlap (migration 0008; before it the
+  organization and pool rows were counters locked the same way). A claim of a project with a
+  bound counts the project's running jobs under its exclusive claim lock and stamps after
+  it (migration 0011), so a job whose completion it did not see committed is still counted
+  and its interval ends before the new one starts. (Stamped with ``now()``, the start of the transaction, they were not: a claim that
   began before a completion and then waited for its lock looked as if it overlapped it, and
   a correct run of test_claim_races showed "pool linux: 12 of 8".)
 
@@ -118,9 +120,10 @@ SELECT 'organization' AS kind, o.name, 'held-slot count' AS what, h.n AS running
  CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM organization_slots s
                       WHERE s.organization_id = o.id AND s.job_id IS NOT NULL) h
 UNION ALL
-SELECT 'project', p.name, 'counter', p.running, p.max_running,
-       p.running = (SELECT count(*) FROM live WHERE live.project_id = p.id)
+SELECT 'project', p.name, 'running jobs', r.n, p.max_running,
+       r.n = (SELECT count(*) FROM live WHERE live.project_id = p.id)
   FROM projects p
+ CROSS JOIN LATERAL (SELECT pgd_project_running(p.id) AS n) r
 UNION ALL
 SELECT 'pool', q.name, 'held-slot count', h.n, q.slots,
        h.n = (SELECT count(*) FROM live WHERE live.pool_id = q.id)
@@ -257,14 +260,14 @@ def attempt_shapes(conn) -> list[dict[str, Any]]:
 
 
 # A deliberately broken claim. It judges eligibility, capacity and the target on a plain
-# read, widens the window with pg_sleep, then takes every reservation unconditionally: the
-# project counter without its bound, and an organization slot and a pool slot whether or not
+# read, widens the window with pg_sleep, then takes every reservation unconditionally: no
+# project claim lock (so nothing holds the project's bound), and an organization slot and a pool slot whether or not
 # one is free within the limit (the lowest free slot at any number, else a new slot row
 # numbered past the highest: so the held slots still count every claim and go over the
 # limit, as the counters did before migration 0008). With p_skip_locked it first takes a job
 # of the chosen project and pool with FOR UPDATE SKIP LOCKED, as pgd_claim does (so racers
 # get different jobs and only the stale capacity and target checks are wrong), and the rest
-# in 0008's lock order: job, target, project, organization slot, pool slot (a slot is only
+# in 0008's lock order: job, target, project row, organization slot, pool slot (a slot is only
 # ever waited for when two of these claims add the same new slot row). Without, it runs the
 # job it read, never locked and never re-checked: the job row is first locked by the final
 # UPDATE, after the slots. Same result columns as pgd_claim.
@@ -326,7 +329,7 @@ BEGIN
        AND EXISTS (SELECT 1 FROM organization_slots s
                     WHERE s.organization_id = o.id AND s.job_id IS NULL
                       AND s.slot_no <= o.max_running)
-       AND (p.max_running IS NULL OR p.running < p.max_running)
+       AND (p.max_running IS NULL OR pgd_project_running(p.id) < p.max_running)
        AND EXISTS (SELECT 1 FROM pool_slots s
                     WHERE s.pool_id = q.id AND s.job_id IS NULL AND s.slot_no <= q.slots)
        AND (j.target_id IS NULL OR t.state = 'free')
@@ -354,8 +357,7 @@ BEGIN
             UPDATE targets t SET state = 'held', holder_job_id = v_job.id, held_since = now()
              WHERE t.id = v_job.target_id;
         END IF;
-        UPDATE projects p SET running = p.running + 1, last_claimed_at = now()
-         WHERE p.id = v_job.project_id;
+        UPDATE projects p SET last_claimed_at = now() WHERE p.id = v_job.project_id;
         -- a slot whatever the limit: the lowest free one at any number, else a new one
 {slots}        UPDATE jobs j
            SET state = 'running', generation = j.generation + 1,
@@ -398,12 +400,11 @@ def broken_claim(conn, *, runner_id: int, pools: list[int], sleep_s: float, skip
 
 # A deliberately broken expiry: the lapsed lease is found by a plain read, the window is
 # widened, then the attempt is ended and its capacity released without any lock or re-check
-# (no SKIP LOCKED, no "is it still running with a lapsed lease?"). The writes follow 0008's
-# lock order (job, target, attempt, project, organization slot, pool slot) and release as
-# pgd_expire_one does: the project counter is decremented, the slots the job holds are
-# freed. So a second pass over the same attempt decrements the project counter again, while
-# its slots, freed by job id, are already free (unless the job was claimed again since: then
-# it frees the new attempt's slots).
+# (no SKIP LOCKED, no "is it still running with a lapsed lease?"). The writes follow the
+# lock order (job, target, attempt, organization slot, pool slot) and release as
+# pgd_expire_one does: the slots the job holds are freed. So a second pass over the same
+# attempt counts the job's failure again, while its slots, freed by job id, are already free
+# (unless the job was claimed again since: then it frees the new attempt's slots).
 BROKEN_EXPIRE_SQL = """
 CREATE FUNCTION pgd_expire_one_broken(p_sleep_seconds double precision) RETURNS jsonb
 LANGUAGE plpgsql AS $$
@@ -431,7 +432,6 @@ BEGIN
        SET state = CASE WHEN c.target_id IS NULL THEN 'expired' ELSE 'lost' END,
            finished_at = now(), error = 'lease expired'
      WHERE id = c.attempt_id;
-    UPDATE projects SET running = running - 1 WHERE id = c.project_id;
     UPDATE organization_slots SET job_id = NULL
      WHERE organization_id = c.org_id AND job_id = c.job_id;
     UPDATE pool_slots SET job_id = NULL WHERE pool_id = c.pool_id AND job_id = c.job_id;

@@ -171,12 +171,11 @@ BEGIN
     END IF;
     SELECT organization_id INTO v_org FROM projects WHERE id = v_job.project_id;
     PERFORM pg_sleep(p_sleep_seconds);
-    -- then 0008's lock order: job, project, organization slot, pool slot; the capacity is
+    -- then the lock order: job, organization slot, pool slot; the capacity is
     -- taken as pgd_claim takes it (a free slot within the limit), not what this copy gets wrong
     UPDATE jobs SET state = 'running', generation = v_job.generation + 1,
                     attempts_made = v_job.attempts_made + 1
      WHERE id = p_job_id;
-    UPDATE projects SET running = running + 1 WHERE id = v_job.project_id;
     UPDATE organization_slots s SET job_id = p_job_id
      WHERE (s.organization_id, s.slot_no) = (
            SELECT f.organization_id, f.slot_no FROM organization_slots f

@@ -20,10 +20,9 @@ PROJECTS = (bench.ProjectSpec("bounded", 2000, weight=5, max_running=BOUND),
 
 # pgd_claim with the project bound left out of the candidate read and of the reservation
 IGNORE_BOUND = {
-    "pgd_claim_candidates": [("       AND (p.max_running IS NULL OR p.running < p.max_running)\n", "")],
-    "pgd_claim": [("            IF v_proj.paused_at IS NOT NULL\n"
-                   "               OR (v_proj.max_running IS NOT NULL AND v_proj.running >= v_proj.max_running) THEN",
-                   "            IF v_proj.paused_at IS NOT NULL THEN")],
+    "pgd_claim_candidates": [("       AND (p.max_running IS NULL OR r.running < p.max_running)\n", "")],
+    "pgd_claim": [("                IF v_running >= v_proj.max_running THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;\n",
+                   "")],
 }
 
 

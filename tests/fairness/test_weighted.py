@@ -72,9 +72,10 @@ def test_concurrent_global_fifo_fails_the_three_to_one_check(conn, db_url):
 
 def test_with_capacity_to_spare_a_claim_decides_from_its_read(conn, db_url):
     """The re-check runs only while capacity is scarce (migration 0008): with a pool of 100
-    slots for a runner of 8, B queues behind A on light's row just the same, but then takes
-    light as its read said (light 2 beside heavy 2). No claim could be refused capacity for
-    it; the concurrent check below bounds what it costs the shares."""
+    slots for a runner of 8, B takes light's claim lock shared beside A (migration 0011),
+    does not wait for A at all, and takes light as its read said (light 2 beside heavy 2).
+    No claim could be refused capacity for it; the concurrent check below bounds what it
+    costs the shares."""
     assert _claim_behind_an_open_claim(conn, db_url, pool_slots=100) == ("light", "light")
 
 
@@ -88,10 +89,11 @@ def test_running_share_stays_three_to_one_with_capacity_to_spare(conn, db_url):
 
 def _claim_behind_an_open_claim(conn, db_url, *, pool_slots: int = 8) -> tuple[str, str]:
     """heavy (weight 3) runs 2, light (weight 1) runs 0. Claim A, in an open transaction,
-    takes light (share 0 < 2/3). Claim B starts meanwhile and waits for the row A holds (light's
-    project row, migration 0007); then A commits. Returns the projects A and B got. The one
-    runner has 8 slots: with a pool of 8 capacity is scarce and B re-checks under the lock;
-    with ``pool_slots`` 100 it is not (migration 0008)."""
+    takes light (share 0 < 2/3). Claim B starts meanwhile. The one runner has 8 slots: with a
+    pool of 8 capacity is scarce, so B waits for light's claim lock, which A holds
+    exclusively (migrations 0007, 0011), then A commits and B re-checks under the lock; with
+    ``pool_slots`` 100 it is not (migration 0008), and B claims while A is still open (its
+    claim lock is shared). Returns the projects A and B got."""
     world = bench.setup(conn, bench.weighted(jobs_each=20).projects, slots=8, interleave=True,
                         bulk_insert=True)
     conn.execute("UPDATE pools SET slots = %s", (pool_slots,))
@@ -107,7 +109,8 @@ def _claim_behind_an_open_claim(conn, db_url, *, pool_slots: int = 8) -> tuple[s
         if names[c.project_id] == "light":
             transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
                                  outcome="succeeded", receipt_key=c.receipt_key)
-    running = {r["name"]: r["running"] for r in conn.execute("SELECT name, running FROM projects")}
+    running = {r["name"]: r["running"]
+               for r in conn.execute("SELECT name, pgd_project_running(id) AS running FROM projects")}
     assert running == {"heavy": 2, "light": 0}
 
     got: dict[str, object] = {}
@@ -128,8 +131,11 @@ def _claim_behind_an_open_claim(conn, db_url, *, pool_slots: int = 8) -> tuple[s
                                   claim_token=transitions.new_claim_token(), lease_seconds=60)
             thread = threading.Thread(target=claim_b, name="bench-claim-b")
             thread.start()
+            if pool_slots > 8:  # to spare: B does not wait for A
+                thread.join(30)
+                assert "b" in got or "error" in got, "claim B waited for claim A"
             deadline = time.monotonic() + 30
-            while True:  # B has read its candidates and now waits for the project row A holds
+            while "b" not in got:  # B has read its candidates and now waits for the lock A holds
                 waiting = conn.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
                                        (got.get("pid"),)).fetchone()
                 if waiting and waiting["wait_event_type"] == "Lock":
@@ -148,7 +154,7 @@ def _claim_behind_an_open_claim(conn, db_url, *, pool_slots: int = 8) -> tuple[s
 def test_a_claim_queued_behind_another_chooses_with_its_count(conn, db_url):
     """Claim B read the candidates while A's claim of light was uncommitted (so light looked
     least served: 0 < 2/3), but it chooses its project only after A commits, under the
-    project row lock: light now has 1 running (share 1 > 2/3), so B takes heavy."""
+    project's claim lock: light now has 1 running (share 1 > 2/3), so B takes heavy."""
     assert _claim_behind_an_open_claim(conn, db_url) == ("light", "heavy")
 
 

@@ -138,11 +138,11 @@ BEGIN
        AND EXISTS (SELECT 1 FROM organization_slots s
                     WHERE s.organization_id = o.id AND s.job_id IS NULL
                       AND s.slot_no <= o.max_running)
-       AND (p.max_running IS NULL OR p.running < p.max_running)
+       AND (p.max_running IS NULL OR pgd_project_running(p.id) < p.max_running)
        AND EXISTS (SELECT 1 FROM pool_slots s
                     WHERE s.pool_id = q.id AND s.job_id IS NULL AND s.slot_no <= q.slots)
        AND (j.target_id IS NULL OR t.state = 'free')
-     ORDER BY p.running::float8 / p.weight, j.priority DESC, j.id
+     ORDER BY pgd_project_running(p.id)::float8 / p.weight, j.priority DESC, j.id
      LIMIT 1;
     IF NOT FOUND THEN
         RETURN;
@@ -169,11 +169,10 @@ BEGIN
             END IF;
         END IF;
         PERFORM pg_sleep(0.05);
-        -- the bug: no "running < limit" on the project row, and slots taken whatever the
+        -- the bug: no project claim lock (its bound is not held), and slots taken whatever the
         -- limit: the lowest free one at any number (no "slot_no <= limit"), else a new one
         -- numbered past the highest
-        UPDATE projects p SET running = p.running + 1, last_claimed_at = now()
-         WHERE p.id = v_job.project_id;
+        UPDATE projects p SET last_claimed_at = now() WHERE p.id = v_job.project_id;
 {slots}        UPDATE jobs j
            SET state = 'running', generation = j.generation + 1,
                attempts_made = j.attempts_made + 1, started_at = coalesce(j.started_at, now())

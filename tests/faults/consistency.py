@@ -3,8 +3,8 @@
 ``violations(conn)`` reads one statement (so one snapshot, even under load) and returns a
 line for each fact that does not hold:
 
-* every project's ``running`` counter, and the held slots of every organization and pool
-  (migration 0008), equal the running attempts of its jobs;
+* every project's running count (its running jobs, migration 0011), and the held slots of
+  every organization and pool (migration 0008), equal the running attempts of its jobs;
 * every running job holds exactly one slot of its project's organization and one slot of its
   pool, and no slot is held by a job that is not running (or by one of another organization
   or pool);
@@ -41,10 +41,10 @@ SELECT format('organization %s: held slots %s, running attempts %s',
   FROM organizations o
  WHERE pgd_organization_running(o.id) <> (SELECT count(*) FROM live WHERE live.org_id = o.id)
 UNION ALL
-SELECT format('project %s: running counter %s, running attempts %s',
-              p.name, p.running, (SELECT count(*) FROM live WHERE live.project_id = p.id))
+SELECT format('project %s: running jobs %s, running attempts %s',
+              p.name, pgd_project_running(p.id), (SELECT count(*) FROM live WHERE live.project_id = p.id))
   FROM projects p
- WHERE p.running <> (SELECT count(*) FROM live WHERE live.project_id = p.id)
+ WHERE pgd_project_running(p.id) <> (SELECT count(*) FROM live WHERE live.project_id = p.id)
 UNION ALL
 SELECT format('pool %s: held slots %s, running attempts %s',
               q.name, pgd_pool_running(q.id), (SELECT count(*) FROM live WHERE live.pool_id = q.id))
@@ -125,7 +125,8 @@ def snapshot(conn) -> dict[str, Any]:
     return {
         "organizations": rows("SELECT id, pgd_organization_running(id) AS running "
                               "FROM organizations ORDER BY id"),
-        "projects": rows("SELECT id, running, last_claimed_at FROM projects ORDER BY id"),
+        "projects": rows("SELECT id, pgd_project_running(id) AS running, last_claimed_at "
+                         "FROM projects ORDER BY id"),
         "pools": rows("SELECT id, pgd_pool_running(id) AS running FROM pools ORDER BY id"),
         # the held slots, by holder (which free slot a claim takes is not part of the state)
         "organization_slots": rows("SELECT organization_id, job_id FROM organization_slots "

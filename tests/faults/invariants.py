@@ -193,8 +193,8 @@ def _succeeded_once(conn, s: _Snapshot) -> list[str]:
 
 
 def _counters(conn, s: _Snapshot) -> list[str]:
-    """Projects count their running jobs in ``running``; organizations and pools hold one slot
-    per running job (migration 0008): each running job holds exactly one slot of its project's
+    """Projects count their jobs in state running (``pgd_project_running``, migration 0011);
+    organizations and pools hold one slot per running job (migration 0008): each running job holds exactly one slot of its project's
     organization and one of its pool, no other job holds one, and the held slots of each
     (``pgd_organization_running`` / ``pgd_pool_running``) equal its running attempts."""
     live = [s.jobs[a["job_id"]] for a in s.attempts
@@ -203,7 +203,8 @@ def _counters(conn, s: _Snapshot) -> list[str]:
     for kind, sql, key in (
             ("organization", "SELECT id, name, pgd_organization_running(id) AS running "
                              "FROM organizations ORDER BY id", "org_id"),
-            ("project", "SELECT id, name, running FROM projects ORDER BY id", "project_id"),
+            ("project", "SELECT id, name, pgd_project_running(id) AS running "
+                        "FROM projects ORDER BY id", "project_id"),
             ("pool", "SELECT id, name, pgd_pool_running(id) AS running FROM pools ORDER BY id",
              "pool_id")):
         behind: dict[int, int] = defaultdict(int)

@@ -3,15 +3,16 @@
 A test-only pause point (tests/faults/pause_point.py), installed in the test's database and
 nowhere else: a trigger on ``attempts`` (BEFORE INSERT for a claim, BEFORE UPDATE for a
 completion or an expiry) that waits for an advisory lock the test holds. Every transition
-writes its attempt row last (migration 0008: after the project counter and the job's
-organization and pool slots), so it stalls there having taken — and changed — its job,
-target, project and slot rows: a claim has set the job id on a free organization slot and a
-free pool slot, a completion or an expiry has freed the job's two slots. The organization
+writes its attempt row last (migrations 0008 and 0011: after the job's organization and pool
+slots), so it stalls there having taken — and changed — its job, target and slot rows (and a
+claim its project's claim lock and, for the tie-break stamp, its project row): a claim has
+set the job id on a free organization slot and a free pool slot, a completion or an expiry
+has freed the job's two slots. The organization
 and pool rows themselves are no longer locked by any of them. The test proves the locks are
 held (and those rows free), then kills the session with ``pg_terminate_backend`` from
 another connection, releases the lock, and checks that nothing was half-applied: the stored
-state (held slots included) is exactly what it was before, every counter and every
-organization's and pool's held slots equal the running attempts behind them, every target is
+state (held slots included) is exactly what it was before, every project's running jobs and
+every organization's and pool's held slots equal the running attempts behind them, every target is
 held exactly when a running or uncertain deployment holds it — and the same transition then
 goes through.
 
@@ -135,8 +136,9 @@ def kill_mid_transition(world, db_url, fn: Callable[[Any], Any], rows: dict[str,
 def setup_world(world, kind: str) -> dict[str, Any]:
     """acme (limit 3) / web (bound 2) on pool linux (2 slots), a target, a runner and a job.
 
-    ``rows``: the rows of the lock order a transition of this job holds by id (job, target,
-    project); ``owners``: whose slots it takes or frees (the organization's and the pool's)."""
+    ``rows``: the rows of the lock order every transition of this job holds by id (job,
+    target); ``project``: the project's id (a claim also holds its row, for the tie-break
+    stamp); ``owners``: whose slots it takes or frees (the organization's and the pool's)."""
     world.setup(org_limit=3, pool_slots=2, project_limit=2, targets=("production",))
     # every transition writes its attempt row last: a claim inserts it, a completion or an
     # expiry updates it
@@ -144,15 +146,13 @@ def setup_world(world, kind: str) -> dict[str, Any]:
     target = "production" if kind == "deployment" else None
     job = world.job(target=target, max_attempts=3)
     c = world.conn
-    ids = {
-        "projects": c.execute("SELECT id FROM projects").fetchone()["id"],
-        "jobs": job["id"],
-    }
+    ids = {"jobs": job["id"]}
     if target:
         ids["targets"] = c.execute("SELECT id FROM targets").fetchone()["id"]
     owners = {"organization_slots": c.execute("SELECT id FROM organizations").fetchone()["id"],
               "pool_slots": c.execute("SELECT id FROM pools").fetchone()["id"]}
-    return {"job": job, "runner": world.runner(slots=4), "rows": ids, "owners": owners}
+    return {"job": job, "runner": world.runner(slots=4), "rows": ids, "owners": owners,
+            "project": c.execute("SELECT id FROM projects").fetchone()["id"]}
 
 
 def slots_of(world, w) -> dict[str, list[int | None]]:
@@ -181,7 +181,8 @@ def test_claim_killed_half_way_leaves_nothing_behind(world, db_url, kind):
     # stalled holding one free slot of the organization and one of the pool, both already
     # given to the job (not visible to others until the commit)
     free = {"organization_slots": [None], "pool_slots": [None]}
-    victim = kill_mid_transition(world, db_url, claim, w["rows"], free, w["owners"])
+    victim = kill_mid_transition(world, db_url, claim, w["rows"] | {"projects": w["project"]},
+                                 free, w["owners"])
     assert isinstance(victim.error, DatabaseUnavailable), victim.error
     assert consistency.snapshot(world.conn) == before
     assert consistency.violations(world.conn) == []
@@ -217,8 +218,8 @@ def test_completion_killed_half_way_leaves_nothing_behind(world, db_url, kind, o
     victim = kill_mid_transition(world, db_url, complete, w["rows"] | {"attempts": c.attempt_id},
                                  held, w["owners"])
     assert isinstance(victim.error, DatabaseUnavailable), victim.error
-    # the project counter it had already decremented, the slots it had already freed, the
-    # job and target it had already moved on: all rolled back with the session
+    # the slots it had already freed, the job and target it had already moved on: all
+    # rolled back with the session
     assert consistency.snapshot(world.conn) == before
     assert consistency.violations(world.conn) == []
     assert world.counters() == {"org": 1, "project": 1, "pool": 1, "attempts": 1}
@@ -276,12 +277,11 @@ def test_expiry_killed_half_way_leaves_nothing_behind(world, db_url, kind):
 def claim_in_two_steps(conn, *, job_id: int, runner_id: int) -> None:
     """A deliberately broken claim: capacity and the job taken in autocommit statements
     (each committed on its own), the attempt inserted afterwards. The reservations are
-    pgd_claim's (migration 0008), in its order: the project counter, then a free
-    organization slot and a free pool slot, each taken SKIP LOCKED and given the job."""
+    pgd_claim's (migration 0008), in its order: a free organization slot and a free pool
+    slot, each taken SKIP LOCKED and given the job."""
     ids = conn.execute("""SELECT j.project_id, j.pool_id, p.organization_id AS org_id
                             FROM jobs j JOIN projects p ON p.id = j.project_id
                            WHERE j.id = %s""", (job_id,)).fetchone()
-    conn.execute("UPDATE projects SET running = running + 1 WHERE id = %s", (ids["project_id"],))
     for table, owner_col, owner in (("organization_slots", "organization_id", ids["org_id"]),
                                     ("pool_slots", "pool_id", ids["pool_id"])):
         taken = conn.execute(f"""
@@ -319,7 +319,7 @@ def test_checker_catches_a_claim_split_over_autocommit_statements(world, db_url)
     assert slots_of(world, w) == {"organization_slots": [job_id], "pool_slots": [job_id]}
     found = consistency.violations(world.conn)
     assert "organization acme: held slots 1, running attempts 0" in found
-    assert "project web: running counter 1, running attempts 0" in found
+    assert "project web: running jobs 1, running attempts 0" in found
     assert "pool linux: held slots 1, running attempts 0" in found
     assert f"job {job_id} is running without a running attempt of generation 1" in found
     assert (f"job {job_id}: attempts_made 1, generation 1, but 0 attempts up to generation 0"

@@ -158,11 +158,10 @@ def _terminal_without_finished_at(c, h):
 def _running_job_lost_its_attempt(c, h):
     c.execute("UPDATE attempts SET state = 'expired', finished_at = clock_timestamp() "
               "WHERE id = %s", (h.running_attempt,))
-    # the project counter and the held slots follow, so that every count still equals the
-    # running attempts behind it (the job, still running, now holds no slot: the counters
-    # check sees that too, but the running-attempt check must see the missing attempt)
-    c.execute("UPDATE projects SET running = running - 1 "
-              "WHERE id = (SELECT project_id FROM jobs WHERE id = %s)", (h.running,))
+    # the held slots follow, so that the organization and pool counts still equal the
+    # running attempts behind them (the job, still running, now holds no slot, and its
+    # project counts it: the counters check sees that too, but the running-attempt check
+    # must see the missing attempt)
     c.execute("UPDATE organization_slots SET job_id = NULL WHERE job_id = %s", (h.running,))
     c.execute("UPDATE pool_slots SET job_id = NULL WHERE job_id = %s", (h.running,))
 
@@ -187,12 +186,6 @@ def _attempts_overlap(c, h):
 def _succeeded_twice(c, h):
     c.execute("UPDATE attempts SET state = 'succeeded' WHERE job_id = %s AND attempt_no = 1",
               (h.retried,))
-
-
-def _counter_drift(c, h):
-    # the one counter left (migration 0008): a project's
-    c.execute("UPDATE projects SET running = running + 1 "
-              "WHERE id = (SELECT project_id FROM jobs WHERE id = %s)", (h.running,))
 
 
 def _slot_held_by_a_finished_job(c, h):
@@ -265,7 +258,6 @@ CORRUPTIONS: list[tuple[str, Corruption]] = [
     ("attempt_numbering", _repeated_attempt_no),
     ("attempt_overlap", _attempts_overlap),
     ("succeeded_once", _succeeded_twice),
-    ("counters", _counter_drift),
     ("counters", _slot_held_by_a_finished_job),
     ("counters", _running_job_lost_its_slot),
     ("capacity_overlap", _history_over_the_limit),

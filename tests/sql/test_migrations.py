@@ -19,7 +19,7 @@ from ..faults import consistency
 
 MIGRATIONS = ["0001_initial", "0002_transitions", "0003_batches", "0004_hot_path", "0005_history",
              "0006_wakeups", "0007_hot_rows_last", "0008_slot_rows", "0009_lean_job_indexes",
-             "0010_refusals_say_why"]
+             "0010_refusals_say_why", "0011_shared_project_claims"]
 
 # DESIGN.md, "Entities and states"
 STATES = {
@@ -112,17 +112,15 @@ def test_the_unique_indexes_bite(world):
         (c.job_id, runner, c.claim_token)) == "23505"  # the claim token is taken
 
 
-def test_counters_refuse_negative_values(world):
+def test_limits_refuse_negative_values_and_no_counter_is_left(world):
     world.setup(project_limit=3)
-    assert sqlstate_of(world.conn, "UPDATE projects SET running = -1") == "23514"
-    assert sqlstate_of(world.conn, "UPDATE projects SET running = running - 1") == "23514"
     for table, limit in (("organizations", "max_running"), ("projects", "max_running"), ("pools", "slots")):
         assert sqlstate_of(world.conn, f"UPDATE {table} SET {limit} = -1") == "23514"
-    assert {c["def"] for c in constraints(world.conn, "projects", "c")} >= {"CHECK ((running >= 0))"}
-    # organizations and pools count their held slots instead (migration 0008)
+    # organizations and pools count their held slots (migration 0008), projects their
+    # running jobs (migration 0011): no running counter is stored anywhere
     columns = world.conn.execute(
         "SELECT table_name, column_name FROM information_schema.columns "
-        "WHERE table_name IN ('organizations', 'pools') AND column_name = 'running'").fetchall()
+        "WHERE table_name IN ('organizations', 'pools', 'projects') AND column_name = 'running'").fetchall()
     assert columns == []
 
 
@@ -487,6 +485,37 @@ def test_upgrading_to_lean_job_indexes_keeps_every_key_unique(server_url, drop_d
                                  "FROM jobs WHERE id = %s", (keyed["id"],)) == "23505"
 
 
+def held_across_an_upgrade(url: str, table: str, call, upgrade: str) -> dict:
+    """Run ``call(conn)`` on its own connection in a thread while another holds ``table`` in
+    ACCESS EXCLUSIVE mode; once the call waits for that lock (inside a function's old body),
+    apply ``upgrade``, then release the lock. Returns {"value": ...} or {"error": ...}."""
+    got: dict = {}
+
+    def run() -> None:
+        with db.connect(url, application_name="inflight-call") as conn:
+            try:
+                got["value"] = call(conn)
+            except Exception as exc:  # reported by the caller, with its type
+                got["error"] = exc
+
+    with db.connect(url) as holder, db.connect(url) as watcher:
+        holder.execute("BEGIN")
+        holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+        caller = threading.Thread(target=run, name="racer-call")
+        caller.start()
+        deadline = time.monotonic() + 30
+        while not watcher.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE "
+                                  "application_name = 'inflight-call' AND wait_event_type = 'Lock'"
+                                  ).fetchone()["n"]:
+            assert time.monotonic() < deadline, "the call never reached the lock"
+            time.sleep(0.02)
+        assert upgrade_to(url, upgrade) == [upgrade]
+        holder.execute("COMMIT")
+        caller.join(timeout=30)
+    assert not caller.is_alive()
+    return got
+
+
 def test_a_submit_running_while_0009_commits_is_retried_not_failed(server_url, drop_databases):
     """A submit whose pgd_submit started before 0009 committed runs the old body, whose
     ON CONFLICT names the unique constraint 0009 replaces: its INSERT fails with 42P10, and
@@ -496,33 +525,71 @@ def test_a_submit_running_while_0009_commits_is_retried_not_failed(server_url, d
     with db.connect(url) as conn:
         acme_on_linux(conn)
 
-    got: dict = {}
-
-    def submit() -> None:
-        with db.connect(url, application_name="inflight-submit") as conn:
-            try:
-                got["job"] = transitions.submit(conn, project="web", pool="linux", command=["true"],
-                                                idempotency_key="deploy-1")
-            except Exception as exc:  # reported below, with its type
-                got["error"] = exc
-
-    with db.connect(url) as holder, db.connect(url) as watcher:
-        holder.execute("BEGIN")
-        holder.execute("LOCK TABLE pools IN ACCESS EXCLUSIVE MODE")
-        submitter = threading.Thread(target=submit, name="racer-submit")
-        submitter.start()
-        deadline = time.monotonic() + 30
-        while not watcher.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE "
-                                  "application_name = 'inflight-submit' AND wait_event_type = 'Lock'"
-                                  ).fetchone()["n"]:
-            assert time.monotonic() < deadline, "the submit never reached the lock"
-            time.sleep(0.02)
-        assert upgrade_to(url, "0009_lean_job_indexes") == ["0009_lean_job_indexes"]
-        holder.execute("COMMIT")
-        submitter.join(timeout=30)
-    assert not submitter.is_alive()
+    got = held_across_an_upgrade(
+        url, "pools", lambda conn: transitions.submit(conn, project="web", pool="linux", command=["true"],
+                                                      idempotency_key="deploy-1"),
+        "0009_lean_job_indexes")
     assert "error" not in got, repr(got.get("error"))
-    assert got["job"]["is_new"]
+    assert got["value"]["is_new"]
     with db.connect(url) as conn:
         assert transitions.submit(conn, project="web", pool="linux", command=["true"],
-                                  idempotency_key="deploy-1")["id"] == got["job"]["id"]
+                                  idempotency_key="deploy-1")["id"] == got["value"]["id"]
+
+
+def test_upgrading_to_shared_project_claims_keeps_every_running_count(server_url, drop_databases):
+    """A database at 0010 with running jobs in two projects (one bounded and full, one
+    paused), upgraded to 0011: the running counts are the same numbers, the full project
+    takes no claim, the paused one none either, and after its jobs end and it is resumed
+    every queued job can be claimed."""
+    url = database_at(server_url, drop_databases, "0010_refusals_say_why")
+    with db.connect(url) as conn:
+        acme_on_linux(conn, ("web", "api"))
+        conn.execute("UPDATE projects SET max_running = 2 WHERE name = 'web'")
+        runner = transitions.register_runner(conn, name="r", pools=["linux"], slots=4, hostname="h")
+        pools = [conn.execute("SELECT id FROM pools").fetchone()["id"]]
+        for project in ("web", "web", "web", "api", "api"):
+            transitions.submit(conn, project=project, pool="linux", command=["true"])
+
+        def claim():
+            return transitions.claim(conn, runner_id=runner, pools=pools,
+                                     claim_token=transitions.new_claim_token(), lease_seconds=60)
+        claims = [claim() for _ in range(3)]
+        transitions.pause_project(conn, project="api", reason="freeze", actor="test")
+        before = {r["name"]: r["running"] for r in conn.execute("SELECT name, running FROM projects")}
+        assert before == {"web": 2, "api": 1}
+
+    assert migrate.upgrade(url) == MIGRATIONS[10:]
+
+    with db.connect(url) as conn:
+        after = {r["name"]: r["n"] for r in conn.execute(
+            "SELECT name, pgd_project_running(id) AS n FROM projects")}
+        assert after == before
+        assert consistency.violations(conn) == []
+        assert claim() is None  # web is at its bound, api is paused
+        for c in claims:
+            transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
+                                 outcome="succeeded", receipt_key=c.receipt_key)
+        transitions.resume_project(conn, project="api", reason="thaw", actor="test")
+        assert sorted(claim().job_id is not None for _ in range(2)) == [True, True]
+        assert consistency.violations(conn) == []
+
+
+def test_a_claim_running_while_0011_commits_is_retried_not_failed(server_url, drop_databases):
+    """A claim whose pgd_claim started before 0011 committed runs the old body, which reads
+    the project's `running` column 0011 drops: it fails with 42703, and the transition
+    retries it on the new body (sql.db.RETRYABLE) instead of failing. The claim is held
+    inside pgd_claim, before it touches ``projects``, by a lock on ``runners``."""
+    url = database_at(server_url, drop_databases, "0010_refusals_say_why")
+    with db.connect(url) as conn:
+        acme_on_linux(conn)
+        runner = transitions.register_runner(conn, name="r", pools=["linux"], slots=4, hostname="h")
+        pools = [conn.execute("SELECT id FROM pools").fetchone()["id"]]
+        job = transitions.submit(conn, project="web", pool="linux", command=["true"])
+
+    got = held_across_an_upgrade(
+        url, "runners", lambda conn: transitions.claim(conn, runner_id=runner, pools=pools,
+                                                       claim_token=transitions.new_claim_token(),
+                                                       lease_seconds=60),
+        "0011_shared_project_claims")
+    assert "error" not in got, repr(got.get("error"))
+    assert got["value"].job_id == job["id"]

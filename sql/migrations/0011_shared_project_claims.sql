@@ -9,7 +9,8 @@
 --
 -- Now:
 -- * `projects.running` is gone. A project's running count is its jobs in state 'running'
---   (pgd_project_running: a count of jobs_active_idx). A running job holds exactly one
+--   (a count of jobs_active_idx: pgd_project_running for readers; written inline in the
+--   candidate read and the fairness re-check, see there). A running job holds exactly one
 --   running attempt, and that attempt holds the job's capacity (tests/faults/consistency.py),
 --   so this is what the counter said. Completions and expiries release only the job's
 --   organization and pool slots.
@@ -17,12 +18,13 @@
 --   pgd_claim_lock_class(), key pgd_claim_lock_key(project id)), after the job and the target
 --   and before the slots, where it took the project row; then it reads the project row in a
 --   new statement. The lock is:
---   - shared while the project has no bound and the fairness re-check does not run
---     (capacity not scarce, pgd_capacity_scarce): claims of the project run side by side;
+--   - shared while the project has no bound and capacity is not scarce
+--     (pgd_capacity_scarce): claims of the project run side by side;
 --   - exclusive when the project has a bound (its running count is read under the lock, and
---     every earlier claim of the project has committed, so the count is exact) or when the
---     re-check runs (as in 0007: claims of the project queued ahead have committed when it
---     reads the shares).
+--     every earlier claim of the project has committed, so the count is exact) or while
+--     capacity is scarce, on either pass: the first pass re-checks fairness under it (as in
+--     0007: claims of the project queued ahead have committed when it reads the shares), and
+--     claims of one project keep taking turns, as they did on the project row.
 --   A claim that read "no bound" and finds one under its shared lock passes the project over
 --   for the next pass, which takes the exclusive lock (a lock is never upgraded in place).
 -- * A pause, resume or bound change waits for the claims in flight (trigger
@@ -85,7 +87,8 @@ CREATE TRIGGER pgd_project_claims_fence AFTER UPDATE OF paused_at, max_running O
 
 -- Whether a fresh read of this organization's candidates puts another project ahead of
 -- p_project, whose running count is p_running, in pgd_claim_candidates' order: as in 0007,
--- with running counts read from the jobs. The caller holds p_project's exclusive claim lock.
+-- with running counts read from the jobs (inline, as there). The caller holds p_project's
+-- exclusive claim lock.
 DROP FUNCTION pgd_fairer_candidate_exists(bigint[], bigint, projects);
 CREATE FUNCTION pgd_fairer_candidate_exists(p_pool_ids bigint[], p_org_id bigint, p_project projects,
                                             p_running integer)
@@ -95,7 +98,8 @@ LANGUAGE sql STABLE AS $$
         SELECT 1
           FROM pgd_claim_candidates(p_pool_ids, p_org_id) f
           JOIN projects p ON p.id = f.project_id
-         CROSS JOIN LATERAL (SELECT pgd_project_running(p.id) AS running) r
+         CROSS JOIN LATERAL (SELECT count(*)::integer AS running FROM jobs j
+                              WHERE j.project_id = p.id AND j.state = 'running') r
          WHERE p.id <> p_project.id
            AND (r.running::float8 / p.weight < p_running::float8 / p_project.weight
                 OR (r.running::float8 / p.weight = p_running::float8 / p_project.weight
@@ -120,7 +124,11 @@ $$;
 -- The functions below are 0008's with the project counter replaced as above. Applied
 -- migrations stay as they are, so each is restated in full.
 
--- claim_candidates: as in 0008, with running counts read from the jobs.
+-- claim_candidates: as in 0008, with running counts read from the jobs. The count is written
+-- inline, not as pgd_project_running(p.id): a SQL function whose body has a FROM clause is
+-- not inlined, so it ran as a query of its own for every candidate, and with it the
+-- concurrent 3:1 fairness check under scarcity fell from 2.88 to 2.56 (medians of 8 runs;
+-- 0010: 2.94; docs/fairness.md, "The project's claim lock").
 CREATE OR REPLACE FUNCTION pgd_claim_candidates(p_pool_ids bigint[], p_org_id bigint)
 RETURNS TABLE (org_id bigint, project_id bigint, pool_id bigint)
 LANGUAGE sql STABLE AS $$
@@ -129,7 +137,8 @@ LANGUAGE sql STABLE AS $$
       JOIN projects p ON p.id = pp.project_id
       JOIN organizations o ON o.id = p.organization_id
       JOIN pools q ON q.id = pp.pool_id
-     CROSS JOIN LATERAL (SELECT pgd_project_running(p.id) AS running) r
+     CROSS JOIN LATERAL (SELECT count(*)::integer AS running FROM jobs j
+                          WHERE j.project_id = p.id AND j.state = 'running') r
      WHERE pp.pool_id = ANY (p_pool_ids)
        AND p.paused_at IS NULL
        AND CASE WHEN p_org_id IS NULL
@@ -209,7 +218,7 @@ BEGIN
             -- the project's claim lock: shared, unless the project has a bound or the
             -- fairness re-check runs (header); a new statement after it sees any pause or
             -- bound committed before it was granted
-            v_scarce := v_pass = 1 AND pgd_capacity_scarce(c.org_id, c.pool_id, v_racing);
+            v_scarce := pgd_capacity_scarce(c.org_id, c.pool_id, v_racing);
             v_excl := v_scarce OR EXISTS (SELECT 1 FROM projects p
                                            WHERE p.id = c.project_id AND p.max_running IS NOT NULL);
             IF v_excl THEN
@@ -229,7 +238,7 @@ BEGIN
                 v_running := pgd_project_running(v_proj.id);
                 IF v_running >= v_proj.max_running THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
             END IF;
-            IF v_scarce AND pgd_fairer_candidate_exists(
+            IF v_pass = 1 AND v_scarce AND pgd_fairer_candidate_exists(
                    v_pools, c.org_id, v_proj, coalesce(v_running, pgd_project_running(v_proj.id))) THEN
                 v_retry := true;
                 RAISE EXCEPTION USING ERRCODE = 'PDSKP';
@@ -351,7 +360,7 @@ BEGIN
             IF cardinality(v_ids) = 0 THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
 
             -- the project's claim lock, as in pgd_claim
-            v_scarce := v_pass = 1 AND pgd_capacity_scarce(c.org_id, c.pool_id, v_racing);
+            v_scarce := pgd_capacity_scarce(c.org_id, c.pool_id, v_racing);
             v_excl := v_scarce OR EXISTS (SELECT 1 FROM projects p
                                            WHERE p.id = c.project_id AND p.max_running IS NOT NULL);
             IF v_excl THEN
@@ -369,7 +378,7 @@ BEGIN
                 END IF;
                 v_running := pgd_project_running(v_proj.id);
             END IF;
-            IF v_scarce AND pgd_fairer_candidate_exists(
+            IF v_pass = 1 AND v_scarce AND pgd_fairer_candidate_exists(
                    v_pools, c.org_id, v_proj, coalesce(v_running, pgd_project_running(v_proj.id))) THEN
                 v_retry := true;
                 RAISE EXCEPTION USING ERRCODE = 'PDSKP';

@@ -338,7 +338,8 @@ BEGIN
         FOR c IN SELECT * FROM pgd_claim_candidates(v_pools, NULL) LOOP
         BEGIN
             -- the free capacity as read without locks sizes the jobs locked below
-            SELECT least(coalesce(p.max_running - pgd_project_running(p.id), v_want),
+            SELECT least(CASE WHEN p.max_running IS NULL THEN v_want
+                              ELSE p.max_running - pgd_project_running(p.id) END,
                          (SELECT count(*) FROM (SELECT 1 FROM organization_slots f
                                                  WHERE f.organization_id = c.org_id AND f.job_id IS NULL
                                                  LIMIT v_want) s),

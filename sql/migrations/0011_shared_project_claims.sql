@@ -44,10 +44,11 @@
 -- A project bound still serializes that project's claims (exclusive lock); organization
 -- and pool limits never do (slot rows, 0008).
 --
--- Measured: alternated A/B against 0010, three rounds of `python -m bench claim --series
+-- Measured: alternated A/B against 0010, six rounds of `python -m bench claim --series
 -- pgdispatch,pgdispatch-batch50 --clients 2,8 --repeats 1 --jobs 8000 --no-latency`, projects
--- without a bound: single claims +10 to +17 % at N = 8 and +29 to +64 % at N = 2; batches of
--- 50 +20 to +43 % at N = 2 (docs/benchmarks.md, "Migration 0011").
+-- without a bound: single claims faster in every round, median paired ratio 1.12 at N = 8
+-- and 1.33 at N = 2; batches of 50 between -11 % and +43 %, inside the rounds' spread
+-- (docs/benchmarks.md, "Migration 0011").
 --
 -- Cost: DROP COLUMN takes an ACCESS EXCLUSIVE lock on `projects` for the migration's short
 -- transaction (no rewrite). A call already running an old function body that reads

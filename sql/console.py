@@ -288,12 +288,14 @@ def set_organization_limit(conn, *, organization: str, max_running: int,
     if row["max_running"] != expected_max_running:
         raise _stale(subject, f"organization {organization}'s limit is now {row['max_running']}",
                      conn)
-    Q.update_organization_limit(conn, organization_id=row["id"], max_running=max_running)
-    _audit(conn, actor=actor, action="set_organization_limit", subject=subject, reason=reason,
-           details={"from": {"max_running": row["max_running"]},
-                    "to": {"max_running": max_running}})
+    changed = max_running != row["max_running"]
+    if changed:  # an unchanged save writes nothing and audits nothing
+        Q.update_organization_limit(conn, organization_id=row["id"], max_running=max_running)
+        _audit(conn, actor=actor, action="set_organization_limit", subject=subject, reason=reason,
+               details={"from": {"max_running": row["max_running"]},
+                        "to": {"max_running": max_running}})
     return {"organization": organization, "max_running": max_running,
-            "running": row["running"]}
+            "running": row["running"], "changed": changed}
 
 
 @transition("set_project_limits")
@@ -317,12 +319,14 @@ def set_project_limits(conn, *, project: str, max_running: int | None, weight: i
         bound = "none" if row["max_running"] is None else row["max_running"]
         raise _stale(subject, f"project {project}'s limits are now bound {bound}, "
                               f"weight {row['weight']}", conn)
-    Q.update_project_limits(conn, project_id=row["id"], max_running=max_running, weight=weight)
-    _audit(conn, actor=actor, action="set_project_limits", subject=subject, reason=reason,
-           details={"from": {"max_running": row["max_running"], "weight": row["weight"]},
-                    "to": {"max_running": max_running, "weight": weight}})
+    changed = (max_running, weight) != (row["max_running"], row["weight"])
+    if changed:  # an unchanged save writes nothing and audits nothing
+        Q.update_project_limits(conn, project_id=row["id"], max_running=max_running, weight=weight)
+        _audit(conn, actor=actor, action="set_project_limits", subject=subject, reason=reason,
+               details={"from": {"max_running": row["max_running"], "weight": row["weight"]},
+                        "to": {"max_running": max_running, "weight": weight}})
     return {"project": project, "max_running": max_running, "weight": weight,
-            "running": row["running"]}
+            "running": row["running"], "changed": changed}
 
 
 @transition("set_pool_slots")
@@ -344,10 +348,12 @@ def set_pool_slots(conn, *, pool: str, slots: int, expected_slots: int, actor: s
     subject = f"pool:{pool}"
     if row["slots"] != expected_slots:
         raise _stale(subject, f"pool {pool} now has {row['slots']} slots", conn)
-    Q.update_pool_slots(conn, pool_id=row["id"], slots=slots)
-    _audit(conn, actor=actor, action="set_pool_slots", subject=subject, reason=reason,
-           details={"from": {"slots": row["slots"]}, "to": {"slots": slots}})
-    return {"pool": pool, "slots": slots, "running": row["running"]}
+    changed = slots != row["slots"]
+    if changed:  # an unchanged save writes nothing and audits nothing
+        Q.update_pool_slots(conn, pool_id=row["id"], slots=slots)
+        _audit(conn, actor=actor, action="set_pool_slots", subject=subject, reason=reason,
+               details={"from": {"slots": row["slots"]}, "to": {"slots": slots}})
+    return {"pool": pool, "slots": slots, "running": row["running"], "changed": changed}
 
 
 # --- audited console events ------------------------------------------------------------------

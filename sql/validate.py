@@ -35,15 +35,17 @@ def _check_encodable(kind: str, value: str) -> None:
 
 
 def check_int(kind: str, value: Any, low: int, high: int, *, strict: bool = False) -> int:
-    """An integer in [low, high]; else InvalidInput. Unless ``strict``, integral text and
-    whole floats are accepted too (form fields); strict is for typed input (JSON, TOML)."""
+    """An integer in [low, high]; else InvalidInput. Unless ``strict``, integral text (ASCII
+    digits with an optional sign: not "1_000", not other scripts' digits, which int() takes)
+    and whole floats are accepted too (form fields); strict is for typed input (JSON, TOML)."""
     if isinstance(value, bool) or (strict and not isinstance(value, int)):
         raise InvalidInput(f"{kind} must be a whole number, got {value!r}")
     if isinstance(value, str):
-        try:
-            value = int(value.strip(), 10)
-        except ValueError:
-            raise InvalidInput(f"{kind} must be a whole number, got {value!r}") from None
+        text = value.strip()
+        digits = text[1:] if text[:1] in ("+", "-") else text
+        if not (digits.isascii() and digits.isdigit()):
+            raise InvalidInput(f"{kind} must be a whole number, got {value!r}")
+        value = int(text, 10)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int):

@@ -162,6 +162,11 @@ def revoke_token(token_id: int):
         lambda r: f"token {r['token_id']} of {r['username']} revoked")
 
 
+def _unchanged(result: dict) -> str:
+    """What a limits message adds when the save changed nothing (and audited nothing)."""
+    return "" if result["changed"] else " (unchanged)"
+
+
 @bp.post("/organizations/<name>/limit")
 def set_organization_limit(name: str):
     """Set an organization's concurrency limit (conditional on the value the admin saw)."""
@@ -172,7 +177,7 @@ def set_organization_limit(name: str):
             expected_max_running=_form_int("expected_max_running", low=0, high=console.MAX_LIMIT),
             actor=actor(), reason=form_text("reason")),
         lambda r: f"organization {r['organization']}: limit {r['max_running']} "
-                  f"({r['running']} running)")
+                  f"({r['running']} running){_unchanged(r)}")
 
 
 @bp.post("/projects/<name>/limits")
@@ -189,7 +194,7 @@ def set_project_limits(name: str):
             actor=actor(), reason=form_text("reason")),
         lambda r: f"project {r['project']}: bound "
                   f"{'none' if r['max_running'] is None else r['max_running']}, "
-                  f"weight {r['weight']}")
+                  f"weight {r['weight']}{_unchanged(r)}")
 
 
 @bp.post("/pools/<name>/slots")
@@ -200,4 +205,4 @@ def set_pool_slots(name: str):
             conn, pool=name, slots=_form_int("slots", low=0, high=console.MAX_LIMIT),
             expected_slots=_form_int("expected_slots", low=0, high=console.MAX_LIMIT),
             actor=actor(), reason=form_text("reason")),
-        lambda r: f"pool {r['pool']}: {r['slots']} slots ({r['running']} running)")
+        lambda r: f"pool {r['pool']}: {r['slots']} slots ({r['running']} running){_unchanged(r)}")

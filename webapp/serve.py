@@ -46,6 +46,9 @@ def gunicorn_options(*, bind: str, workers: int) -> dict[str, Any]:
         "errorlog": "-",
         "preload_app": False,
         "proc_name": "pgdispatch-web",
+        # no control socket: its default path is shared by every console of the user (every
+        # checkout and test run), and one stopping removed another's
+        "control_socket_disable": True,
         # headers from a proxy are trusted only from loopback
         "forwarded_allow_ips": "127.0.0.1,::1",
     }

@@ -35,12 +35,13 @@ def two_running_above_lowered_limits(world) -> tuple[list, dict]:
 
 def test_limit_changes_answer_the_running_jobs(world):
     claims, changed = two_running_above_lowered_limits(world)
-    assert changed == {"organization": {"organization": "acme", "max_running": 1, "running": 2},
-                       "pool": {"pool": "linux", "slots": 1, "running": 2}}
+    assert changed == {"organization": {"organization": "acme", "max_running": 1, "running": 2,
+                                        "changed": True},
+                       "pool": {"pool": "linux", "slots": 1, "running": 2, "changed": True}}
     world.complete(claims[1])
     again = console.set_organization_limit(world.conn, organization="acme", max_running=4,
                                            expected_max_running=1, actor="alice")
-    assert again == {"organization": "acme", "max_running": 4, "running": 1}
+    assert again == {"organization": "acme", "max_running": 4, "running": 1, "changed": True}
 
 
 def test_lists_and_overview_count_held_slots(world):

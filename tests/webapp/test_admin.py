@@ -231,10 +231,18 @@ def test_limits_are_conditional_audited_and_shown_on_the_overview(admin, world):
                        ("/admin/pools/linux/slots", {"slots": "3"}),
                        ("/admin/organizations/acme/limit", {"max_running": "100001", "expected_max_running": "7"}),
                        ("/admin/projects/web/limits", {"max_running": "2", "weight": "0",
+                                                       "expected_max_running": "", "expected_weight": "5"}),
+                       # digits of another script: int() alone read this as 2 (fresh-user run)
+                       ("/admin/projects/web/limits", {"max_running": "\u0662", "weight": "5",
                                                        "expected_max_running": "", "expected_weight": "5"})]:
         response = _post(admin, path, data, htmx=True)
         assert response.status_code == 422, (path, data, response.data)
     assert _post(admin, "/admin/pools/gpu/slots", {"slots": "1", "expected_slots": "1"}).status_code == 404
+    # saving what is already there changes nothing and audits nothing
+    same = _post(admin, "/admin/projects/web/limits",
+                 {"max_running": "", "weight": "5", "expected_max_running": "", "expected_weight": "5"},
+                 htmx=True)
+    assert same.status_code == 200 and b"project web: bound none, weight 5 (unchanged)" in same.data
     details = [(e["subject"], e["details"], e["reason"]) for e in world.conn.execute(
         "SELECT subject, details, reason FROM audit_events WHERE actor = 'ada' AND action LIKE 'set_%' "
         "ORDER BY id")]

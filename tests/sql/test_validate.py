@@ -1,0 +1,26 @@
+"""Form numbers: only ASCII digits with an optional sign are whole numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from sql.errors import InvalidInput
+from sql.validate import check_int
+
+
+@pytest.mark.parametrize("text, value", [("12", 12), (" 12 ", 12), ("+3", 3), ("0", 0), (7.0, 7)])
+def test_form_numbers_in_ascii_digits_are_read(text, value):
+    assert check_int("max running", text, 0, 100) == value
+
+
+@pytest.mark.parametrize("text", ["\u0662", "\uff11", "1_000", "1e3", "0x10", "2.5", "", "-", "+"])
+def test_other_digits_and_number_syntaxes_are_refused(text):
+    """int() alone takes Arabic-Indic and full-width digits and underscores (found by a
+    fresh-user run: the limits form set a bound of 2 from "\u0662")."""
+    with pytest.raises(InvalidInput, match="must be a whole number"):
+        check_int("max running", text, 0, 100)
+
+
+def test_range_is_checked_after_reading():
+    with pytest.raises(InvalidInput, match="between 0 and 100, got -1"):
+        check_int("max running", "-1", 0, 100)

@@ -53,7 +53,8 @@
 -- Cost: DROP COLUMN takes an ACCESS EXCLUSIVE lock on `projects` for the migration's short
 -- transaction (no rewrite). A call already running an old function body that reads
 -- `projects.running` after this commits fails with 42703 and is retried on the new body
--- (sql/db.py, RETRYABLE).
+-- (sql/db.py, RETRYABLE); the 0007 signature of pgd_fairer_candidate_exists stays (below)
+-- so that an old pgd_claim body gets that far.
 
 -- The advisory lock class of project claim locks (the first key of the two-key form), and
 -- a project's key in it (ids beyond 2^31 - 1 wrap, which can only make two projects share a
@@ -90,7 +91,6 @@ CREATE TRIGGER pgd_project_claims_fence AFTER UPDATE OF paused_at, max_running O
 -- p_project, whose running count is p_running, in pgd_claim_candidates' order: as in 0007,
 -- with running counts read from the jobs (inline, as there). The caller holds p_project's
 -- exclusive claim lock.
-DROP FUNCTION pgd_fairer_candidate_exists(bigint[], bigint, projects);
 CREATE FUNCTION pgd_fairer_candidate_exists(p_pool_ids bigint[], p_org_id bigint, p_project projects,
                                             p_running integer)
 RETURNS boolean
@@ -108,6 +108,18 @@ LANGUAGE sql STABLE AS $$
                          OR p.last_claimed_at < p_project.last_claimed_at
                          OR (p.last_claimed_at IS NOT DISTINCT FROM p_project.last_claimed_at
                              AND p.id < p_project.id)))))
+$$;
+
+-- The 0007 signature, kept for a pgd_claim already running its 0010 body when this commits
+-- (a scheduler's session has that body's plans cached): without it the call fails with
+-- 42883, which is not retried; with it the old body goes on to its `running` update, fails
+-- with 42703 and is retried on the new body (found by an adversarial run of the upgrade).
+CREATE OR REPLACE FUNCTION pgd_fairer_candidate_exists(p_pool_ids bigint[], p_org_id bigint,
+                                                       p_project projects)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT pgd_fairer_candidate_exists(p_pool_ids, p_org_id, p_project,
+                                       pgd_project_running(p_project.id))
 $$;
 
 -- Release the capacity of finished attempts: each job's organization and pool slots

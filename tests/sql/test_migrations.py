@@ -485,24 +485,34 @@ def test_upgrading_to_lean_job_indexes_keeps_every_key_unique(server_url, drop_d
                                  "FROM jobs WHERE id = %s", (keyed["id"],)) == "23505"
 
 
-def held_across_an_upgrade(url: str, table: str, call, upgrade: str) -> dict:
+def held_across_an_upgrade(url: str, table: str, call, upgrade: str, *, warm=None) -> dict:
     """Run ``call(conn)`` on its own connection in a thread while another holds ``table`` in
     ACCESS EXCLUSIVE mode; once the call waits for that lock (inside a function's old body),
-    apply ``upgrade``, then release the lock. Returns {"value": ...} or {"error": ...}."""
+    apply ``upgrade``, then release the lock. ``warm(conn)``, if given, runs first on the
+    same connection (a long-lived session has the old body's plans cached). Returns
+    {"value": ...} or {"error": ...}."""
     got: dict = {}
+    warmed, go = threading.Event(), threading.Event()
 
     def run() -> None:
         with db.connect(url, application_name="inflight-call") as conn:
             try:
+                if warm is not None:
+                    warm(conn)
+                warmed.set()
+                assert go.wait(30), "the holder never took its lock"
                 got["value"] = call(conn)
             except Exception as exc:  # reported by the caller, with its type
                 got["error"] = exc
+                warmed.set()
 
+    caller = threading.Thread(target=run, name="racer-call")
+    caller.start()
+    assert warmed.wait(30), "the warm-up never ended"
     with db.connect(url) as holder, db.connect(url) as watcher:
         holder.execute("BEGIN")
         holder.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
-        caller = threading.Thread(target=run, name="racer-call")
-        caller.start()
+        go.set()
         deadline = time.monotonic() + 30
         while not watcher.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE "
                                   "application_name = 'inflight-call' AND wait_event_type = 'Lock'"
@@ -574,22 +584,35 @@ def test_upgrading_to_shared_project_claims_keeps_every_running_count(server_url
         assert consistency.violations(conn) == []
 
 
-def test_a_claim_running_while_0011_commits_is_retried_not_failed(server_url, drop_databases):
+@pytest.mark.parametrize("session", ["new", "long-lived"])
+def test_a_claim_running_while_0011_commits_is_retried_not_failed(server_url, drop_databases, session):
     """A claim whose pgd_claim started before 0011 committed runs the old body, which reads
     the project's `running` column 0011 drops: it fails with 42703, and the transition
     retries it on the new body (sql.db.RETRYABLE) instead of failing. The claim is held
-    inside pgd_claim, before it touches ``projects``, by a lock on ``runners``."""
+    inside pgd_claim, before it touches ``projects``, by a lock on ``runners``. In a session
+    that has claimed before (a scheduler's), the old body's cached plans skip the bound test
+    on a project without one and first call pgd_fairer_candidate_exists by its 0010
+    signature: 0011 keeps that signature (found by an adversarial run: it had been dropped,
+    and the call failed with 42883, which is not retried)."""
     url = database_at(server_url, drop_databases, "0010_refusals_say_why")
     with db.connect(url) as conn:
         acme_on_linux(conn)
         runner = transitions.register_runner(conn, name="r", pools=["linux"], slots=4, hostname="h")
         pools = [conn.execute("SELECT id FROM pools").fetchone()["id"]]
-        job = transitions.submit(conn, project="web", pool="linux", command=["true"])
+        first, job = (transitions.submit(conn, project="web", pool="linux", command=["true"])
+                      for _ in range(2))
 
-    got = held_across_an_upgrade(
-        url, "runners", lambda conn: transitions.claim(conn, runner_id=runner, pools=pools,
-                                                       claim_token=transitions.new_claim_token(),
-                                                       lease_seconds=60),
-        "0011_shared_project_claims")
+    def claim(conn):
+        return transitions.claim(conn, runner_id=runner, pools=pools,
+                                 claim_token=transitions.new_claim_token(), lease_seconds=60)
+
+    def warm(conn):
+        c = claim(conn)
+        assert c.job_id == first["id"]
+        transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
+                             outcome="succeeded", receipt_key=c.receipt_key)
+
+    got = held_across_an_upgrade(url, "runners", claim, "0011_shared_project_claims",
+                                 warm=warm if session == "long-lived" else None)
     assert "error" not in got, repr(got.get("error"))
-    assert got["value"].job_id == job["id"]
+    assert got["value"].job_id == (job if session == "long-lived" else first)["id"]

@@ -383,11 +383,12 @@ def test_a_lost_batch_report_is_sent_again_and_counted_once(world, reply_proxy):
 PROCESSES = 3
 PROCESS_SLOTS = 4
 PROCESS_JOBS = 300
+JOB_SECONDS = "0.05"
 
 
 def test_scheduler_processes_batching_never_exceed_a_limit(world, db_url, tmp_path):
     """Three ``pgdispatch scheduler --max-batch 10`` processes (12 slots) drain 300 builds
-    through limits that bind: organizations of 5 (web bounded at 3), a pool of 8; one job in
+    of 0.05 s each through limits that bind: organizations of 5 (web bounded at 3), a pool of 8; one job in
     ten fails its first attempt. Every limit is reached and never exceeded; every job ends
     once; and claims really were batched."""
     world.apply({
@@ -400,7 +401,10 @@ def test_scheduler_processes_batching_never_exceed_a_limit(world, db_url, tmp_pa
             {"name": "ops", "organization": "globex", "pools": ["linux"]},
         ],
     })
-    fail_first = ["sh", "-c", '[ "$PGDISPATCH_ATTEMPT" -gt 1 ]']
+    # Each job runs for JOB_SECONDS, long against a claim cycle, so the limits stay full
+    # while work is queued: with `true`, an attempt lasted a few ms, and on a slow machine
+    # the eight of the pool were sometimes never running at the same instant.
+    fail_first = ["sh", "-c", f'sleep {JOB_SECONDS}; [ "$PGDISPATCH_ATTEMPT" -gt 1 ]']
     failing = 0
     with world.conn.transaction():
         for i in range(PROCESS_JOBS):
@@ -408,7 +412,7 @@ def test_scheduler_processes_batching_never_exceed_a_limit(world, db_url, tmp_pa
             is_failing = i % 10 == 0
             failing += is_failing
             transitions.submit(world.conn, project=project, pool="linux",
-                               command=fail_first if is_failing else ["true"],
+                               command=fail_first if is_failing else ["sleep", JOB_SECONDS],
                                max_attempts=2 if is_failing else 1)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
     env.update(DATABASE_URL=db_url, PGDISPATCH_LEASE_SECONDS="10",
@@ -465,7 +469,8 @@ def test_scheduler_processes_batching_never_exceed_a_limit(world, db_url, tmp_pa
     overlaps = max_overlaps(c)
     assert {k: overlaps.get(k) for k in lims} == lims, overlaps
     groups = claim_groups(c)
-    print(f"\n{attempts} attempts in {len(groups)} claim transactions; jobs per claim "
+    print(f"\nmost attempts at once: {overlaps}")
+    print(f"{attempts} attempts in {len(groups)} claim transactions; jobs per claim "
           f"transaction: {sorted(collections.Counter(len(g) for g in groups).items())}")
     assert max(len(g) for g in groups) >= 2, "no claim was batched"
     assert len(groups) < attempts

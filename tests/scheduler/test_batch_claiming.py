@@ -388,9 +388,9 @@ JOB_SECONDS = "0.05"
 
 def test_scheduler_processes_batching_never_exceed_a_limit(world, db_url, tmp_path):
     """Three ``pgdispatch scheduler --max-batch 10`` processes (12 slots) drain 300 builds
-    of 0.05 s each through limits that bind: organizations of 5 (web bounded at 3), a pool of 8; one job in
-    ten fails its first attempt. Every limit is reached and never exceeded; every job ends
-    once; and claims really were batched."""
+    of 0.05 s each through limits that bind: organizations of 5 (web bounded at 3), a pool
+    of 8; one job in ten fails its first attempt. Every limit is reached and never exceeded;
+    every job ends once; and claims really were batched."""
     world.apply({
         "organizations": [{"name": "acme", "max_running": 5},
                           {"name": "globex", "max_running": 5}],

@@ -150,7 +150,9 @@ def apply_cmd(obj: Context, path: str, as_json: bool, actor: str | None) -> None
 @click.option("--delay", "delay_seconds", type=float, default=0.0, show_default=True, help="Seconds before it may start.")
 @click.option("--requires-approval", is_flag=True, help="Wait for an operator's approval.")
 @click.option("--depends-on", "depends_on", type=int, multiple=True, help="Job id that must succeed first (repeatable).")
-@click.option("--idempotency-key", default=None, help="Submitting the same key again returns the first job.")
+@click.option("--idempotency-key", default=None,
+              help="Submitting the same request with the key again returns the first job; "
+                   "a different request with it is refused.")
 @actor_option
 @click.argument("command", nargs=-1, required=True)
 @click.pass_obj

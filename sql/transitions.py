@@ -281,9 +281,15 @@ def submit(conn, *, project: str, pool: str, command: Sequence[str], target: str
     Limits: command 1–256 arguments, 64 KiB in all, no NUL; priority −1000…1000;
     max_attempts 1–100; timeout_seconds 1–604800; delay_seconds 0–2592000.
 
+    A repeated ``idempotency_key`` (per project) returns the job of the first submit with
+    ``is_new`` False when the request is the same (pool, target, command, priority,
+    max_attempts, timeout_seconds, requires_approval, the set of depends_on; not the delay).
+
     Raises:
         InvalidInput, NotFound: bad values, unknown project/pool/target/dependency, pool not
         granted, a dependency that already failed. Nothing is written then.
+        Conflict: the idempotency key was used for a job with a different request
+        (migration 0012); nothing is written.
     """
     command = check_command(command)
     check_text("project", project, max_len=63)

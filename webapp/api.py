@@ -88,8 +88,8 @@ def openapi():
 
 @bp.post("/jobs")
 def submit_job():
-    """Submit one job; 201 with the job, or 200 with the existing one for a repeated
-    idempotency key."""
+    """Submit one job; 201 with the job, or 200 with the existing one when the same request
+    repeats its idempotency key (409 when the key was used for a different request)."""
     body = _body(SUBMIT_FIELDS, SUBMIT_REQUIRED)
     for name in ("project", "pool"):
         if not isinstance(body[name], str):

@@ -73,7 +73,8 @@ SPEC: dict[str, Any] = {
             "responses": {
                 "201": _json({"$ref": "#/components/schemas/Job"}, "the new job"),
                 "200": _json({"$ref": "#/components/schemas/Job"},
-                             "the job submitted earlier with the same idempotency key"),
+                             "the job submitted earlier by the same request with the "
+                             "same idempotency key (a different request with the key: 409)"),
                 **_errors(400, 401, 403, 404, 409, 422),
             },
         }},

@@ -127,6 +127,20 @@ def test_bad_input_is_one_line_nonzero_and_writes_nothing(pgd, conn, args, code,
     assert (count(conn, "jobs"), count(conn, "audit_events")) == before
 
 
+def test_a_key_reused_for_another_command_exits_4_and_writes_nothing(pgd, conn):
+    submit = ("submit", "--project", "web", "--pool", "linux", "--idempotency-key", "nightly-1", "--")
+    first = json.loads(pgd(*submit, "make", "build").stdout)
+    again = json.loads(pgd(*submit, "make", "build").stdout)  # the same request: the same job
+    assert first["is_new"] and not again["is_new"] and again["id"] == first["id"]
+    before = (count(conn, "jobs"), count(conn, "audit_events"))
+    proc = pgd(*submit, "make", "deploy", check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 4 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith("error: idempotency key already used for job ")
+    assert lines[0].endswith("with a different request (command differs)")
+    assert (count(conn, "jobs"), count(conn, "audit_events")) == before
+
+
 def test_apply_rejects_bad_file_and_writes_nothing(pgd, conn, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[[pools]]\nname = "gpu"\nslots = -3\n')

@@ -69,8 +69,15 @@ def test_submit_show_explain(api, world):
     assert response.headers["Location"] == f"/api/v1/jobs/{job['id']}"
     assert re.match(r"\d{4}-\d\d-\d\dT", job["created_at"])  # ISO 8601, not an HTTP date
     again = api("POST", "/api/v1/jobs", json={
-        "project": "web", "pool": "linux", "command": ["make", "build"], "idempotency_key": "build-1"})
+        "project": "web", "pool": "linux", "command": ["make", "build"], "priority": 5,
+        "max_attempts": 3, "timeout_seconds": 600, "idempotency_key": "build-1"})
     assert again.status_code == 200 and again.get_json()["id"] == job["id"]
+    # the key with a different request: 409, nothing written (migration 0012)
+    other = api("POST", "/api/v1/jobs", json={
+        "project": "web", "pool": "linux", "command": ["make", "build"], "idempotency_key": "build-1"})
+    assert other.status_code == 409
+    assert other.get_json() == {"error": f"idempotency key already used for job {job['id']} with a "
+                                         "different request (priority, max attempts, timeout differ)"}
     shown = api("GET", f"/api/v1/jobs/{job['id']}", user="victor")
     assert shown.status_code == 200 and shown.get_json()["attempts"] == []
     why = api("GET", f"/api/v1/jobs/{job['id']}/explain", user="victor").get_json()

@@ -1,0 +1,123 @@
+"""Idempotency keys (migration 0012): a repeated key returns its job only when the request is
+the same; a different request with the key is refused and writes nothing. An unknown
+dependency is named by its id."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from sql import db, migrate, transitions
+from sql.errors import Conflict, NotFound
+
+KEY = "build-7"
+FIRST = {"pool": "linux", "command": ["make", "build"], "priority": 5, "max_attempts": 3,
+         "timeout_seconds": 600, "requires_approval": False}
+
+
+def counts(conn) -> tuple[int, int]:
+    row = conn.execute("SELECT (SELECT count(*) FROM jobs) AS jobs, "
+                       "(SELECT count(*) FROM job_dependencies) AS deps").fetchone()
+    return row["jobs"], row["deps"]
+
+
+def test_the_same_request_returns_the_first_job(world):
+    world.setup(pools=("linux", "arm"), targets=("staging",))
+    dep_a, dep_b = world.job(), world.job()
+    first = world.job(idempotency_key=KEY, depends_on=[dep_a["id"], dep_b["id"]], **FIRST)
+    before = counts(world.conn)
+    # dependencies are a set: order and repeats do not make another request; nor does the delay
+    again = world.job(idempotency_key=KEY, depends_on=[dep_b["id"], dep_a["id"], dep_a["id"]],
+                      delay_seconds=30, **FIRST)
+    assert first["is_new"] and not again["is_new"] and again["id"] == first["id"]
+    assert counts(world.conn) == before
+    # the key is the project's: another project may use it for its own job
+    world.project("api", org="acme", pools=("linux",))
+    other = world.job(project="api", idempotency_key=KEY, command=["other"])
+    assert other["is_new"] and other["id"] != first["id"]
+
+
+@pytest.mark.parametrize("change, named", [
+    ({"pool": "arm"}, "pool"),
+    ({"target": "staging"}, "target"),
+    ({"command": ["make", "deploy"]}, "command"),
+    ({"command": ["make", "build", ""]}, "command"),
+    ({"priority": 6}, "priority"),
+    ({"max_attempts": 1}, "max attempts"),
+    ({"timeout_seconds": 601}, "timeout"),
+    ({"requires_approval": True}, "approval"),
+    ({"depends_on": "one"}, "dependencies"),
+    ({"depends_on": "none"}, "dependencies"),
+    ({"command": ["x"], "priority": 0}, "command, priority differ"),
+])
+def test_a_different_request_with_the_key_is_refused_and_writes_nothing(world, change, named):
+    world.setup(pools=("linux", "arm"), targets=("staging",))
+    dep_a, dep_b = world.job(), world.job()
+    deps = {"one": [dep_a["id"]], "none": []}
+    first = world.job(idempotency_key=KEY, depends_on=[dep_a["id"], dep_b["id"]], **FIRST)
+    before = counts(world.conn)
+    request = {**FIRST, "depends_on": [dep_a["id"], dep_b["id"]], **change}
+    if isinstance(request["depends_on"], str):
+        request["depends_on"] = deps[request["depends_on"]]
+    with pytest.raises(Conflict) as caught:
+        world.job(idempotency_key=KEY, **request)
+    message = str(caught.value)
+    assert message.startswith(f"idempotency key already used for job {first['id']} "
+                              "with a different request (")
+    assert named in message and "\n" not in message
+    assert counts(world.conn) == before
+
+
+def test_a_racing_submit_with_a_different_request_is_refused_after_the_first_commits(world, db_url):
+    """The second submit of the key waits for the uncommitted first (the unique index), then
+    compares its request with the first's job: refused, and one job carries the key."""
+    world.setup()
+    got: dict = {}
+
+    def second() -> None:
+        with db.connect(db_url, application_name="racer-submit") as conn:
+            try:
+                transitions.submit(conn, project="web", pool="linux", command=["other"],
+                                   idempotency_key=KEY)
+            except Conflict as exc:
+                got["refused"] = str(exc)
+            got["done"] = time.monotonic()
+
+    with db.connect(db_url, application_name="racer-first") as first:
+        with first.transaction():
+            got["first"] = transitions.submit(first, project="web", pool="linux", command=["true"],
+                                              idempotency_key=KEY)
+            racer = threading.Thread(target=second)
+            racer.start()
+            time.sleep(0.5)
+            got["committed"] = time.monotonic()
+        racer.join(timeout=30)
+    assert not racer.is_alive()
+    assert got["done"] >= got["committed"]
+    assert "(command differs)" in got["refused"] and str(got["first"]["id"]) in got["refused"]
+    assert world.conn.execute("SELECT count(*) AS n FROM jobs WHERE idempotency_key = %s",
+                              (KEY,)).fetchone()["n"] == 1
+
+
+def test_the_check_fails_with_0009s_submit(world):
+    """The same differing repeat against 0009's pgd_submit returns the first job as if it
+    were the one asked for: the test above would see it."""
+    text = (migrate.MIGRATIONS_DIR / "0009_lean_job_indexes.sql").read_text()
+    body = text[text.index("CREATE OR REPLACE FUNCTION pgd_submit("):]
+    world.conn.execute(body[:body.index("$$;") + 3])
+    world.setup()
+    first = world.job(idempotency_key=KEY, command=["true"])
+    again = world.job(idempotency_key=KEY, command=["rm", "-rf", "build"])
+    assert again["id"] == first["id"] and again["command"] == ["true"]
+
+
+def test_an_unknown_dependency_is_named_by_its_id(world):
+    world.setup()
+    known = world.job()
+    with pytest.raises(NotFound, match=r"^unknown dependency 999999$"):
+        world.job(depends_on=[known["id"], 999999])
+    with pytest.raises(NotFound, match=r"^unknown dependencies 999998, 999999$"):
+        world.job(depends_on=[999999, known["id"], 999998, 999999])
+    assert counts(world.conn) == (1, 0)

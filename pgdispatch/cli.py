@@ -1,7 +1,7 @@
 """The ``pgdispatch`` command line (click).
 
-Every command honours DATABASE_URL, else the embedded server in ./.pgdispatch/ (migrated on
-first use). Commands that report data print JSON (``--json`` where the default is text). On
+Every command honours DATABASE_URL, else the embedded server in ./.pgdispatch/ (created and
+migrated on first use, which it says on stderr). Commands that report data print JSON (``--json`` where the default is text). On
 bad input a command prints one line on stderr, changes nothing, and exits non-zero:
 2 usage or invalid input, 3 not found, 4 conflict (already resolved, fenced out),
 5 database unavailable, 1 anything else.
@@ -64,9 +64,15 @@ class Context:
 
     @property
     def server_url(self) -> str:
-        """The database URL without migrating (for ``db upgrade`` itself)."""
+        """The database URL without migrating (for ``db upgrade`` itself). Says so on stderr
+        when it is about to create a new embedded database: a command run outside the
+        checkout would otherwise quietly answer from an empty one."""
         from sql import embedded
 
+        if not self.settings.database_url and not embedded.exists(self.settings.data_dir):
+            click.echo(f"note: no DATABASE_URL and no database in "
+                       f"{self.settings.data_dir.resolve()}: creating a new, empty one there",
+                       err=True)
         return embedded.database_url(self.settings)
 
     def connect(self):

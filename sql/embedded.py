@@ -64,6 +64,11 @@ def _server_user() -> str | None:
     return "embedded_postgres" if hasattr(os, "geteuid") and os.geteuid() == 0 else None
 
 
+def exists(data_dir: Path | str) -> bool:
+    """Whether ``data_dir`` holds an embedded server's data directory (initdb has run)."""
+    return (Path(data_dir) / "pgdata" / "PG_VERSION").is_file()
+
+
 def database_url(settings) -> str:
     """The URL to use: ``settings.database_url``, else the embedded server's."""
     if settings.database_url:

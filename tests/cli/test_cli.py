@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CONFIG = """
 [[organizations]]
@@ -149,6 +154,27 @@ def test_apply_rejects_bad_file_and_writes_nothing(pgd, conn, tmp_path):
     assert count(conn, "pools") == 2
     missing = pgd("apply", str(tmp_path / "missing.toml"), check=False)
     assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_a_command_outside_the_checkout_says_it_creates_a_new_database():
+    """No DATABASE_URL and no ./.pgdispatch: the CLI starts a new embedded server there (as
+    documented) and says so on stderr, once; the next command finds it and says nothing."""
+    where = Path(tempfile.mkdtemp(prefix="pgd-cli-elsewhere-", dir="/tmp"))
+    where.chmod(0o755)  # the embedded server runs as its own user when we are root
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATABASE_URL", "PGDISPATCH_DATA_DIR")}
+    env["PYTHONPATH"] = str(ROOT)
+    try:
+        runs = [subprocess.run([sys.executable, "-m", "pgdispatch", "jobs", "show", "1"], env=env,
+                               capture_output=True, text=True, timeout=120, cwd=where)
+                for _ in range(2)]
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    first, second = (r.stderr.strip().splitlines() for r in runs)
+    assert [r.returncode for r in runs] == [3, 3], runs
+    assert first == [f"note: no DATABASE_URL and no database in {where / '.pgdispatch'}: "
+                     "creating a new, empty one there", "error: unknown job 1"]
+    assert second == ["error: unknown job 1"]
 
 
 def test_unmigrated_database_says_so(server_url, tmp_path):

@@ -1,8 +1,9 @@
 """The ``pgdispatch`` command line (click).
 
 Every command honours DATABASE_URL, else the embedded server in ./.pgdispatch/ (created and
-migrated on first use, which it says on stderr). Commands that report data print JSON (``--json`` where the default is text). On
-bad input a command prints one line on stderr, changes nothing, and exits non-zero:
+migrated on first use, which it says on stderr). Commands that report data print JSON
+(``--json`` where the default is text). On bad input a command prints one line on stderr,
+changes nothing, and exits non-zero:
 2 usage or invalid input, 3 not found, 4 conflict (already resolved, fenced out),
 5 database unavailable, 1 anything else.
 """

@@ -7,66 +7,89 @@
 -- target, command, priority, attempts, timeout, approval and dependencies (as a set). The
 -- delay is not compared: each request's delay runs from its own arrival, so a retried
 -- request cannot repeat it exactly. A differing repeat raises
---   idempotency key already used for job 41 with a different request (command, priority differ)
+--   idempotency key already used for job 41 by a request that differs in command, priority
 -- and writes nothing, like the other refusals (docs/operations.md, "Idempotency keys").
 --
--- "unknown dependency in {7,999999}" (PostgreSQL's array text, naming the known id too)
--- becomes "unknown dependency 999999" ("unknown dependencies 5, 6" for several).
+-- The request is compared with what the first submit asked for, kept in
+-- `idempotent_requests` for keyed jobs only, not with the job as it is now: an operator's
+-- retry raises a job's max_attempts, and the identical request must still find its job.
+-- Jobs keyed before 0012 have no kept request; they are compared with their columns, all
+-- but max_attempts.
 --
--- pgd_submit is restated in full (as in 0009) with these two changes; its ON CONFLICT and
--- its key lookup are as they were.
+-- "unknown dependency in {7,999999}" (PostgreSQL's array text, naming the known id too)
+-- becomes "unknown dependency 999999" ("unknown dependencies 5, 6" for several; the first
+-- five and the count past that).
+--
+-- pgd_submit is restated in full (as in 0009) with these changes; its ON CONFLICT and its
+-- key lookup are as they were.
 
--- The fields of job p_job_id that differ from a submit's request, in a fixed order; empty
--- when the request asks for that job. p_target_id and p_pool_id are resolved ids.
-CREATE FUNCTION pgd_submit_differences(p_job_id bigint, p_pool_id bigint, p_target_id bigint,
-                                       p_command text[], p_priority integer,
-                                       p_max_attempts integer, p_timeout_seconds integer,
-                                       p_requires_approval boolean, p_depends_on bigint[])
-RETURNS text[]
-LANGUAGE sql STABLE AS $$
-    SELECT array_remove(ARRAY[
-               CASE WHEN j.pool_id IS DISTINCT FROM p_pool_id THEN 'pool' END,
-               CASE WHEN j.target_id IS DISTINCT FROM p_target_id THEN 'target' END,
-               CASE WHEN j.command IS DISTINCT FROM p_command THEN 'command' END,
-               CASE WHEN j.priority IS DISTINCT FROM p_priority THEN 'priority' END,
-               CASE WHEN j.max_attempts IS DISTINCT FROM p_max_attempts THEN 'max attempts' END,
-               CASE WHEN j.timeout_seconds IS DISTINCT FROM p_timeout_seconds THEN 'timeout' END,
-               CASE WHEN j.requires_approval IS DISTINCT FROM p_requires_approval
-                    THEN 'approval' END,
-               CASE WHEN ARRAY(SELECT d.depends_on_job_id FROM job_dependencies d
-                                WHERE d.job_id = j.id ORDER BY 1)
-                         IS DISTINCT FROM
-                         ARRAY(SELECT DISTINCT u FROM unnest(coalesce(p_depends_on, '{}')) u
-                                ORDER BY 1)
-                    THEN 'dependencies' END], NULL)
-      FROM jobs j
-     WHERE j.id = p_job_id
+-- What a keyed submit asked for, as pgd_submit_request built it. Written once, with the job.
+CREATE TABLE idempotent_requests (
+    job_id  bigint PRIMARY KEY REFERENCES jobs (id),
+    request jsonb NOT NULL
+);
+
+-- A submit's request in the form kept and compared: resolved pool and target ids, the
+-- dependencies as a sorted set. Keys are the field names the refusal prints.
+CREATE FUNCTION pgd_submit_request(p_pool_id bigint, p_target_id bigint, p_command text[],
+                                   p_priority integer, p_max_attempts integer,
+                                   p_timeout_seconds integer, p_requires_approval boolean,
+                                   p_depends_on bigint[])
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_build_object(
+        'pool', p_pool_id, 'target', p_target_id, 'command', to_jsonb(p_command),
+        'priority', p_priority, 'max attempts', p_max_attempts, 'timeout', p_timeout_seconds,
+        'approval', p_requires_approval,
+        'dependencies', to_jsonb(ARRAY(SELECT DISTINCT u FROM unnest(coalesce(p_depends_on, '{}')) u
+                                        ORDER BY 1)))
 $$;
 
--- The job p_job_id found under a repeated key, or PD409 when the request differs from it.
-CREATE FUNCTION pgd_submit_repeat(p_job_id bigint, p_pool_id bigint, p_target_id bigint,
-                                  p_command text[], p_priority integer, p_max_attempts integer,
-                                  p_timeout_seconds integer, p_requires_approval boolean,
-                                  p_depends_on bigint[])
+-- The fields in which p_request differs from what job p_job_id's submit asked for, in the
+-- order pool, target, command, priority, max attempts, timeout, approval, dependencies;
+-- empty when it asks for the same job.
+CREATE FUNCTION pgd_submit_differences(p_job_id bigint, p_request jsonb)
+RETURNS text[]
+LANGUAGE sql STABLE AS $$
+    SELECT ARRAY(
+        SELECT f.name
+          FROM unnest(ARRAY['pool', 'target', 'command', 'priority', 'max attempts', 'timeout',
+                            'approval', 'dependencies']) WITH ORDINALITY AS f(name, ord)
+         WHERE (k.request -> f.name) IS DISTINCT FROM (p_request -> f.name)
+         ORDER BY f.ord)
+      FROM (SELECT coalesce(
+                (SELECT r.request FROM idempotent_requests r WHERE r.job_id = j.id),
+                -- keyed before 0012: the job's columns; max_attempts is left out, since a
+                -- retry may have raised it
+                pgd_submit_request(j.pool_id, j.target_id, j.command, j.priority,
+                                   (p_request ->> 'max attempts')::integer, j.timeout_seconds,
+                                   j.requires_approval,
+                                   ARRAY(SELECT d.depends_on_job_id FROM job_dependencies d
+                                          WHERE d.job_id = j.id))) AS request
+              FROM jobs j
+             WHERE j.id = p_job_id) k
+$$;
+
+-- The job p_job_id found under a repeated key, or PD409 when p_request differs from the
+-- request that made it.
+CREATE FUNCTION pgd_submit_repeat(p_job_id bigint, p_request jsonb)
 RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_diff text[];
 BEGIN
-    v_diff := pgd_submit_differences(p_job_id, p_pool_id, p_target_id, p_command, p_priority,
-                                     p_max_attempts, p_timeout_seconds, p_requires_approval,
-                                     p_depends_on);
+    v_diff := pgd_submit_differences(p_job_id, p_request);
     IF cardinality(v_diff) > 0 THEN
-        RAISE EXCEPTION 'idempotency key already used for job % with a different request (% differ%)',
-            p_job_id, array_to_string(v_diff, ', '), CASE WHEN cardinality(v_diff) = 1 THEN 's' ELSE '' END
+        RAISE EXCEPTION 'idempotency key already used for job % by a request that differs in %',
+            p_job_id, array_to_string(v_diff, ', ')
             USING ERRCODE = 'PD409';
     END IF;
     RETURN p_job_id;
 END;
 $$;
 
--- submit: as in 0009, with a repeated key checked against its job, and unknown dependencies
--- named by id.
+-- submit: as in 0009, with a repeated key checked against the request that made its job
+-- (kept with a keyed job), and unknown dependencies named by id.
 CREATE OR REPLACE FUNCTION pgd_submit(p_project text, p_pool text, p_target text, p_command text[],
                            p_priority integer, p_max_attempts integer, p_timeout_seconds integer,
                            p_delay_seconds double precision, p_requires_approval boolean,
@@ -83,6 +106,7 @@ DECLARE
     v_id       bigint;
     v_state    text;
     v_unknown  bigint[];
+    v_request  jsonb;
 BEGIN
     SELECT * INTO v_project FROM projects WHERE name = p_project;
     IF NOT FOUND THEN
@@ -102,11 +126,11 @@ BEGIN
         END IF;
     END IF;
     IF p_idempotency_key IS NOT NULL THEN
+        v_request := pgd_submit_request(v_pool_id, v_target, p_command, p_priority, p_max_attempts,
+                                        p_timeout_seconds, p_requires_approval, p_depends_on);
         SELECT id INTO v_id FROM jobs WHERE project_id = v_project.id AND idempotency_key = p_idempotency_key;
         IF FOUND THEN
-            RETURN QUERY SELECT pgd_submit_repeat(v_id, v_pool_id, v_target, p_command, p_priority,
-                                                  p_max_attempts, p_timeout_seconds,
-                                                  p_requires_approval, p_depends_on), false;
+            RETURN QUERY SELECT pgd_submit_repeat(v_id, v_request), false;
             RETURN;
         END IF;
     END IF;
@@ -131,7 +155,10 @@ BEGIN
         IF cardinality(v_unknown) > 0 THEN
             RAISE EXCEPTION 'unknown %', CASE WHEN cardinality(v_unknown) = 1 THEN 'dependency '
                                               ELSE 'dependencies ' END
-                                         || array_to_string(v_unknown, ', ')
+                                         || array_to_string(v_unknown[1:5], ', ')
+                                         || CASE WHEN cardinality(v_unknown) > 5
+                                                 THEN format(' … (%s in all)', cardinality(v_unknown))
+                                                 ELSE '' END
                 USING ERRCODE = 'PD404';
         END IF;
     END IF;
@@ -148,13 +175,14 @@ BEGIN
     IF v_id IS NULL THEN
         -- a concurrent submit with the same key won
         SELECT id INTO v_id FROM jobs WHERE project_id = v_project.id AND idempotency_key = p_idempotency_key;
-        RETURN QUERY SELECT pgd_submit_repeat(v_id, v_pool_id, v_target, p_command, p_priority,
-                                              p_max_attempts, p_timeout_seconds,
-                                              p_requires_approval, p_depends_on), false;
+        RETURN QUERY SELECT pgd_submit_repeat(v_id, v_request), false;
         RETURN;
     END IF;
     INSERT INTO job_dependencies (job_id, depends_on_job_id)
     SELECT v_id, d FROM (SELECT DISTINCT unnest(coalesce(p_depends_on, '{}')) AS d) s;
+    IF v_request IS NOT NULL THEN
+        INSERT INTO idempotent_requests (job_id, request) VALUES (v_id, v_request);
+    END IF;
     RETURN QUERY SELECT v_id, true;
 END;
 $$;

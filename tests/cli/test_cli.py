@@ -142,7 +142,7 @@ def test_a_key_reused_for_another_command_exits_4_and_writes_nothing(pgd, conn):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 4 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: idempotency key already used for job ")
-    assert lines[0].endswith("with a different request (command differs)")
+    assert lines[0].endswith("by a request that differs in command")
     assert (count(conn, "jobs"), count(conn, "audit_events")) == before
 
 

@@ -76,8 +76,8 @@ def test_submit_show_explain(api, world):
     other = api("POST", "/api/v1/jobs", json={
         "project": "web", "pool": "linux", "command": ["make", "build"], "idempotency_key": "build-1"})
     assert other.status_code == 409
-    assert other.get_json() == {"error": f"idempotency key already used for job {job['id']} with a "
-                                         "different request (priority, max attempts, timeout differ)"}
+    assert other.get_json() == {"error": f"idempotency key already used for job {job['id']} by a "
+                                         "request that differs in priority, max attempts, timeout"}
     shown = api("GET", f"/api/v1/jobs/{job['id']}", user="victor")
     assert shown.status_code == 200 and shown.get_json()["attempts"] == []
     why = api("GET", f"/api/v1/jobs/{job['id']}/explain", user="victor").get_json()
@@ -111,6 +111,10 @@ BAD_SUBMISSIONS = [
      "delay must be between 0 and 2592000, got 2592001"),
     ({"project": "web", "pool": "linux", "command": ["true"], "depends_on": [999999]}, 404, "dependency"),
     ({"project": "web", "pool": "linux", "command": ["true"], "depends_on": "1"}, 422, "depends_on"),
+    ({"project": "web", "pool": "linux", "command": ["true"], "depends_on": False}, 422, "depends_on"),
+    ({"project": "web", "pool": "linux", "command": ["true"], "depends_on": 0}, 422, "depends_on"),
+    ({"project": "web", "pool": "linux", "command": ["true"], "depends_on": {}}, 422, "depends_on"),
+    ({"project": "web", "pool": "linux", "command": ["true"], "depends_on": ""}, 422, "depends_on"),
     ({"project": "web", "pool": "linux", "command": ["true"], "requires_approval": "yes"}, 422, "requires_approval"),
     ({"project": "web", "pool": "linux", "command": ["true"], "target": "nowhere"}, 404, "unknown target"),
     ({"project": "web", "pool": "linux", "command": ["true"], "colour": "red"}, 422, "unknown field"),

@@ -98,7 +98,9 @@ def submit_job():
         raise InvalidInput("command must be a list of arguments")
     if "requires_approval" in body and not isinstance(body["requires_approval"], bool):
         raise InvalidInput("requires_approval must be true or false")
-    depends_on = body.get("depends_on") or []
+    depends_on = body.get("depends_on")
+    if depends_on is None:
+        depends_on = []
     if not isinstance(depends_on, list):
         raise InvalidInput("depends_on must be a list of job ids")
     if any(isinstance(d, bool) or not isinstance(d, (int, float)) for d in depends_on):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -39,20 +40,32 @@ def check_int(kind: str, value: Any, low: int, high: int, *, strict: bool = Fals
     digits with an optional sign: not "1_000", not other scripts' digits, which int() takes)
     and whole floats are accepted too (form fields); strict is for typed input (JSON, TOML)."""
     if isinstance(value, bool) or (strict and not isinstance(value, int)):
-        raise InvalidInput(f"{kind} must be a whole number, got {value!r}")
+        raise InvalidInput(f"{kind} must be a whole number, got {_shown(value)}")
     if isinstance(value, str):
         text = value.strip()
         digits = text[1:] if text[:1] in ("+", "-") else text
         if not (digits.isascii() and digits.isdigit()):
-            raise InvalidInput(f"{kind} must be a whole number, got {value!r}")
+            raise InvalidInput(f"{kind} must be a whole number, got {_shown(value)}")
         value = int(text, 10)
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if not isinstance(value, int):
-        raise InvalidInput(f"{kind} must be a whole number, got {value!r}")
+        raise InvalidInput(f"{kind} must be a whole number, got {_shown(value)}")
     if not low <= value <= high:
         raise InvalidInput(f"{kind} must be between {low} and {high}, got {value}")
     return value
+
+
+def _shown(value: Any) -> str:
+    """A rejected value as the request spelled it, for an error message: JSON's true, false
+    and null; text quoted and cut at 40 characters; a list or an object by its kind."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, str):
+        return json.dumps(value if len(value) <= 40 else value[:40] + "…", ensure_ascii=False)
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return {list: "a list", tuple: "a list", dict: "an object"}.get(type(value), type(value).__name__)
 
 
 def _plain(number: float) -> str:
@@ -64,14 +77,14 @@ def _plain(number: float) -> str:
 def check_number(kind: str, value: Any, low: float, high: float) -> float:
     """A finite number (or numeric text) in [low, high]; else InvalidInput."""
     if isinstance(value, bool):
-        raise InvalidInput(f"{kind} must be a number, got {value!r}")
+        raise InvalidInput(f"{kind} must be a number, got {_shown(value)}")
     if isinstance(value, str):
         try:
             value = float(value.strip())
         except ValueError:
-            raise InvalidInput(f"{kind} must be a number, got {value!r}") from None
+            raise InvalidInput(f"{kind} must be a number, got {_shown(value)}") from None
     if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidInput(f"{kind} must be a finite number, got {value!r}")
+        raise InvalidInput(f"{kind} must be a finite number, got {_shown(value)}")
     if not low <= value <= high:
         raise InvalidInput(f"{kind} must be between {_plain(low)} and {_plain(high)}, got {_plain(value)}")
     return float(value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sql.errors import InvalidInput
-from sql.validate import check_int
+from sql.validate import check_int, check_number
 
 
 @pytest.mark.parametrize("text, value", [("12", 12), (" 12 ", 12), ("+3", 3), ("0", 0), (7.0, 7)])
@@ -24,3 +24,21 @@ def test_other_digits_and_number_syntaxes_are_refused(text):
 def test_range_is_checked_after_reading():
     with pytest.raises(InvalidInput, match="between 0 and 100, got -1"):
         check_int("max running", "-1", 0, 100)
+
+
+@pytest.mark.parametrize("check, value, said", [
+    (check_int, True, "priority must be a whole number, got true"),
+    (check_int, None, "priority must be a whole number, got null"),
+    (check_int, "abc", 'priority must be a whole number, got "abc"'),
+    (check_int, "x" * 5000, f'priority must be a whole number, got "{"x" * 40}…"'),
+    (check_int, [1], "priority must be a whole number, got a list"),
+    (check_int, 2.5, "priority must be a whole number, got 2.5"),
+    (check_number, False, "priority must be a number, got false"),
+    (check_number, {"a": 1}, "priority must be a finite number, got an object"),
+])
+def test_a_refused_value_is_shown_as_the_request_spelled_it(check, value, said):
+    """JSON's true/false/null, not Python's True/False/None (fresh-user run: "priority must
+    be a whole number, got True"); long text cut, so one bad field is one short line."""
+    with pytest.raises(InvalidInput) as caught:
+        check("priority", value, 0, 100)
+    assert str(caught.value) == said

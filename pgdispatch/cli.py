@@ -303,13 +303,17 @@ def tokens() -> None:
 @tokens.command("create")
 @click.option("--user", "username", required=True, help="Existing username the token acts as.")
 @click.option("--name", default="api", show_default=True, help="A label for the token.")
+@actor_option
 @click.pass_obj
-def tokens_create(obj: Context, username: str, name: str) -> None:
-    """Create an API token; it is printed once and stored only as a hash."""
-    from sql import users
+def tokens_create(obj: Context, username: str, name: str, actor: str | None) -> None:
+    """Create an API token; it is printed once and stored only as a hash. Audited as
+    ``create_api_token`` (its id and label, never the token), as from the console."""
+    from sql import console
 
     with obj.connect() as conn:
-        click.echo(users.create_api_token(conn, username=username, name=name))
+        issued = console.issue_api_token(conn, username=username, name=name,
+                                         actor=actor or default_actor())
+    click.echo(issued["token"])
 
 
 # --- processes --------------------------------------------------------------------------

@@ -146,6 +146,23 @@ def test_a_key_reused_for_another_command_exits_4_and_writes_nothing(pgd, conn):
     assert (count(conn, "jobs"), count(conn, "audit_events")) == before
 
 
+def test_a_token_created_from_the_cli_is_audited_without_the_token(pgd, conn):
+    """As from the console: a create_api_token event names the token's id and label, never
+    the token (fresh-user run: tokens made with the CLI left no trace in the audit log)."""
+    token = pgd("tokens", "create", "--user", "alice", "--name", "ci").stdout.strip()
+    assert token.startswith("pgd_")
+    events = conn.execute("SELECT actor, action, subject, details::text AS details FROM audit_events "
+                          "WHERE action = 'create_api_token'").fetchall()
+    stored = conn.execute("SELECT id, name FROM api_tokens").fetchall()
+    assert [e["actor"] for e in events] == ["tester"] and events[0]["subject"] == "user:alice"
+    assert json.loads(events[0]["details"]) == {"token_id": stored[0]["id"], "name": "ci"}
+    assert token not in events[0]["details"]
+    before = (count(conn, "api_tokens"), count(conn, "audit_events"))
+    proc = pgd("tokens", "create", "--user", "mallory", check=False)
+    assert proc.returncode == 3 and proc.stderr.strip() == "error: unknown user mallory"
+    assert (count(conn, "api_tokens"), count(conn, "audit_events")) == before
+
+
 def test_apply_rejects_bad_file_and_writes_nothing(pgd, conn, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[[pools]]\nname = "gpu"\nslots = -3\n')

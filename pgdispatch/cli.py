@@ -16,6 +16,7 @@ import getpass
 import json
 import logging
 import os
+import socket
 import sys
 import uuid
 from typing import Any
@@ -388,9 +389,23 @@ def web_cmd(obj: Context, bind: str | None, workers: int) -> None:
 
 
 def _check_bind(bind: str) -> None:
+    """HOST:PORT that this process can listen on now; else InvalidInput (malformed, unknown
+    host) or Conflict (in use, not permitted), so that a clash is one line, not gunicorn's
+    retries. Binding and closing a socket (SO_REUSEADDR, as gunicorn binds) is the check."""
     host, sep, port = bind.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise InvalidInput(f"bind must be HOST:PORT, got {bind!r}")
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host.strip("[]"), int(port),
+                                                      type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError):
+        raise InvalidInput(f"bind: unknown host {host!r}") from None
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise Conflict(f"cannot listen on {bind}: {exc.strerror or exc}") from None
 
 
 @cli.command("demo")

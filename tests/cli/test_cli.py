@@ -163,6 +163,22 @@ def test_a_token_created_from_the_cli_is_audited_without_the_token(pgd, conn):
     assert (count(conn, "api_tokens"), count(conn, "audit_events")) == before
 
 
+@pytest.mark.parametrize("command", ["web", "demo"])
+def test_an_address_in_use_is_one_line_before_anything_starts(pgd, command):
+    """Another process listens on the port: one line and exit 4, instead of gunicorn's ten
+    retries over five seconds (fresh-user run)."""
+    import socket
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        proc = pgd(command, "--bind", f"127.0.0.1:{port}", check=False)
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+
+
 def test_apply_rejects_bad_file_and_writes_nothing(pgd, conn, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[[pools]]\nname = "gpu"\nslots = -3\n')

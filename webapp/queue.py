@@ -23,10 +23,15 @@ def index():
     after_id = arg_int("after_id", 0)
     limit = arg_int("limit", 50, low=1, high=200)
     conn = get_conn()
+    choices = console.filter_choices(conn)
+    for name in ("organization", "project", "pool"):
+        # an unknown name is a mistyped link, said as the reason and state filters say it
+        if filters[name] is not None and filters[name] not in choices[name + "s"]:
+            raise InvalidInput(f"unknown {name} {filters[name]!r}")
     page = reads.list_waiting(conn, after_id=after_id, limit=limit,
                               live_seconds=current_app.config["RUNNER_LIVE_SECONDS"], **filters)
     active = {k: v for k, v in filters.items() if v is not None}
     return render_view("queue/index.html", "queue/_table.html", jobs=page["jobs"],
                        next_after_id=page["next_after_id"], after_id=after_id, limit=limit,
-                       filters=active, choices=console.filter_choices(conn),
+                       filters=active, choices=choices,
                        reason_codes=REASON_CODES)

@@ -74,5 +74,9 @@ def test_bad_filters_are_4xx_not_errors(operator, world):
                   "project=a%00b", "after_id=99999999999999999999999"]:
         response = operator.get("/queue/?" + query)
         assert 400 <= response.status_code < 500, query
+    for name in ("organization", "project", "pool"):  # fresh-user run: these said "no jobs"
+        response = operator.get(f"/queue/?{name}=nope")
+        assert response.status_code == 422 and f"unknown {name} &#39;nope&#39;" in \
+            response.get_data(as_text=True), name
     htmx = operator.get("/queue/?reason=bogus", headers={"HX-Request": "true"})
     assert htmx.status_code == 422 and htmx.headers["HX-Reswap"] == "none"

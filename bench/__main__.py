@@ -18,6 +18,7 @@ BENCHMARKS = {
     "latency": "bench.latency",
     "report": "bench.report",
     "costs": "bench.costs",
+    "running": "bench.running",
 }
 # what `python -m bench` with no name runs (the parts of "all" are not run twice)
 DEFAULT = ("fairness", "all")

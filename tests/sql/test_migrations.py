@@ -20,7 +20,7 @@ from ..faults import consistency
 MIGRATIONS = ["0001_initial", "0002_transitions", "0003_batches", "0004_hot_path", "0005_history",
              "0006_wakeups", "0007_hot_rows_last", "0008_slot_rows", "0009_lean_job_indexes",
              "0010_refusals_say_why", "0011_shared_project_claims",
-             "0012_idempotency_conflicts"]
+             "0012_idempotency_conflicts", "0013_scarcity_by_free_slots"]
 
 # DESIGN.md, "Entities and states"
 STATES = {

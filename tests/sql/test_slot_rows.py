@@ -178,6 +178,51 @@ def test_capacity_is_scarce_when_free_slots_are_fewer_than_the_live_runners_slot
     assert scarce(world.conn)               # an organization limit of 3, 8 racing
 
 
+def scarce_by_held_count(conn) -> bool:
+    """0008's rule, from plain counts: a limit below the racing claims, or more slots held
+    than the limit leaves for them."""
+    row = conn.execute(
+        "SELECT o.max_running AS org_limit, q.slots AS pool_limit, pgd_racing_claims() AS racing,"
+        "       (SELECT count(*) FROM organization_slots s WHERE s.organization_id = o.id"
+        "                                                   AND s.job_id IS NOT NULL) AS org_held,"
+        "       (SELECT count(*) FROM pool_slots s WHERE s.pool_id = q.id"
+        "                                           AND s.job_id IS NOT NULL) AS pool_held"
+        "  FROM organizations o, pools q").fetchone()
+    r = row["racing"]
+    return (row["org_limit"] < r or row["pool_limit"] < r
+            or row["org_held"] > row["org_limit"] - r or row["pool_held"] > row["pool_limit"] - r)
+
+
+def test_scarcity_read_from_free_slots_agrees_with_the_held_count(world):
+    """0013 counts free slots up to the racing claims (or held ones, whichever side is
+    smaller) where 0008 counted held slots: over limits on either side of twice the racing
+    claims, 0 to 30 jobs held, 1 to 61 racing and limits lowered below the held jobs
+    (retirements owed), both rules give the same answer, and each answer occurs."""
+    world.setup(org_limit=40, pool_slots=40)
+    claimer = world.runner(slots=1)
+    for _ in range(30):
+        world.job()
+    seen = set()
+    for held in range(31):
+        if held:
+            assert world.claim(claimer) is not None
+        if held % 5:
+            continue
+        for org_limit, pool_limit in [(40, 40), (40, 12), (12, 40), (3, 40), (40, 4)]:
+            world.apply({"organizations": [{"name": "acme", "max_running": org_limit}],
+                         "pools": [{"name": "linux", "slots": pool_limit}]})
+            for extra in (0, 2, 7, 19, 60):
+                other = world.runner(slots=extra) if extra else None
+                expected = scarce_by_held_count(world.conn)
+                assert scarce(world.conn) == expected, (held, org_limit, pool_limit, extra)
+                seen.add(expected)
+                if other is not None:
+                    transitions.stop_runner(world.conn, runner_id=other)
+        world.apply({"organizations": [{"name": "acme", "max_running": 40}],
+                     "pools": [{"name": "linux", "slots": 40}]})
+    assert seen == {True, False}
+
+
 def test_after_a_lowering_commits_no_claim_runs_over_the_new_limit(world, db_url):
     """Four claim loops on their own connections (claim -> 20 ms -> complete) against an
     organization limit of 6; after 1 s an operator lowers it to 2 while up to 4 jobs run.

@@ -138,8 +138,9 @@ def apply_cmd(obj: Context, path: str, as_json: bool, actor: str | None) -> None
     """Declare organizations, pools, projects, targets and users from a TOML file (idempotent)."""
     from sql import config
 
+    text = config.read_config_file(path)  # before connecting: a missing file creates nothing
     with obj.connect() as conn:
-        result = config.apply_file(conn, path, actor=actor or default_actor())
+        result = config.apply_config(conn, text, actor=actor or default_actor())
     if as_json:
         emit(result)
     else:
@@ -393,17 +394,22 @@ def _check_bind(bind: str) -> None:
     host) or Conflict (in use, not permitted), so that a clash is one line, not gunicorn's
     retries. Binding and closing a socket (SO_REUSEADDR, as gunicorn binds) is the check."""
     host, sep, port = bind.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise InvalidInput(f"bind must be HOST:PORT, got {bind!r}")
-    try:
-        family, _, _, _, address = socket.getaddrinfo(host.strip("[]"), int(port),
-                                                      type=socket.SOCK_STREAM)[0]
-    except (socket.gaierror, UnicodeError):
-        raise InvalidInput(f"bind: unknown host {host!r}") from None
+    # the families gunicorn binds: IPv6 for a bracketed literal, else IPv4 (a name included)
+    if host.startswith("[") and host.endswith("]"):
+        family, host = socket.AF_INET6, host[1:-1]
+    elif any(c in host for c in ":[]"):
+        raise InvalidInput(f"bind must be HOST:PORT with an IPv6 host in brackets "
+                           f"([::1]:8000), got {bind!r}")
+    else:
+        family = socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind(address)
+            probe.bind((host, int(port)))
+        except (socket.gaierror, UnicodeError):
+            raise InvalidInput(f"bind: unknown host {host!r}") from None
         except OSError as exc:
             raise Conflict(f"cannot listen on {bind}: {exc.strerror or exc}") from None
 

@@ -178,10 +178,14 @@ def apply_config(conn, text: str, *, actor: str, env: dict[str, str] | None = No
     return in_transaction(conn, _apply, cfg, actor, tx_name="apply_config")
 
 
-def apply_file(conn, path: str | Path, *, actor: str) -> dict[str, int]:
-    """``apply_config`` on a file. Raises InvalidInput when it cannot be read."""
+def read_config_file(path: str | Path) -> str:
+    """The text of a config file. Raises InvalidInput when it cannot be read."""
     try:
-        text = Path(path).read_text()
+        return Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidInput(f"cannot read {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
-    return apply_config(conn, text, actor=actor)
+
+
+def apply_file(conn, path: str | Path, *, actor: str) -> dict[str, int]:
+    """``apply_config`` on a file. Raises InvalidInput when it cannot be read."""
+    return apply_config(conn, read_config_file(path), actor=actor)

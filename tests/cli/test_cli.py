@@ -121,6 +121,10 @@ def test_pause_resume_are_audited_and_conditional(pgd, conn):
     (["projects", "pause", "web", "--reason", "  "], 2, "reason is required"),
     (["scheduler", "--pool", "linux", "--slots", "0"], 2, "slots"),
     (["web", "--bind", "nonsense"], 2, "HOST:PORT"),
+    (["web", "--bind", "::1:8000"], 2, "IPv6 host in brackets"),
+    (["demo", "--bind", "[::1:8000"], 2, "IPv6 host in brackets"),
+    (["web", "--bind", "127.0.0.1:\u00b2"], 2, "HOST:PORT"),
+    (["web", "--bind", "127.0.0.1:\u0661\u0668"], 2, "HOST:PORT"),
 ])
 def test_bad_input_is_one_line_nonzero_and_writes_nothing(pgd, conn, args, code, message):
     before = (count(conn, "jobs"), count(conn, "audit_events"))
@@ -198,6 +202,12 @@ def test_a_command_outside_the_checkout_says_it_creates_a_new_database():
            if k not in ("DATABASE_URL", "PGDISPATCH_DATA_DIR")}
     env["PYTHONPATH"] = str(ROOT)
     try:
+        # a command that fails before it needs the database creates none (adversarial run)
+        missing = subprocess.run([sys.executable, "-m", "pgdispatch", "apply", "/nonexistent.toml"],
+                                 env=env, capture_output=True, text=True, timeout=60, cwd=where)
+        assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [
+            "error: cannot read /nonexistent.toml: No such file or directory"]
+        assert not (where / ".pgdispatch").exists()
         runs = [subprocess.run([sys.executable, "-m", "pgdispatch", "jobs", "show", "1"], env=env,
                                capture_output=True, text=True, timeout=120, cwd=where)
                 for _ in range(2)]

@@ -25,6 +25,7 @@ import click
 
 from sql import (Conflict, DatabaseUnavailable, FencedOut, InvalidInput, NotFound,
                  PgDispatchError, Settings)
+from sql.validate import JOB_STATES
 
 EXIT_CODES = {InvalidInput: 2, NotFound: 3, Conflict: 4, FencedOut: 4, DatabaseUnavailable: 5}
 
@@ -200,6 +201,32 @@ def jobs_show(obj: Context, job_id: int) -> None:
 
     with obj.connect() as conn:
         emit(reads.show_job(conn, job_id=job_id))
+
+
+@jobs.command("list")
+@click.option("--state", type=click.Choice(JOB_STATES), default=None,
+              help="Only jobs in this state.")
+@click.option("--limit", type=click.IntRange(1, 500), default=20, show_default=True)
+@click.option("--before-id", type=click.IntRange(1), default=None,
+              help="Only jobs with a smaller id (the next page: the last id shown).")
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
+@click.pass_obj
+def jobs_list(obj: Context, state: str | None, limit: int, before_id: int | None,
+              as_json: bool) -> None:
+    """The newest jobs, newest first: id, state, project, pool, target and command."""
+    from sql import reads
+
+    with obj.connect() as conn:
+        rows = reads.list_recent_jobs(conn, limit=limit, state=state,
+                                      before_id=before_id or 2**63 - 1)
+    if as_json:
+        emit(rows)
+        return
+    for r in rows:
+        where = f"{r['project']}/{r['pool']}" + (f" -> {r['target']}" if r["target"] else "")
+        command = " ".join(r["command"])
+        click.echo(f"{r['id']:>8}  {r['state']:<10} {where:<30} "
+                   f"{command if len(command) <= 60 else command[:59] + '…'}")
 
 
 @jobs.command("explain")

@@ -9,6 +9,9 @@ from typing import Any
 
 from .errors import InvalidInput
 
+# Every state a job can be in (DESIGN.md, "Entities and states"; the jobs.state CHECK).
+JOB_STATES = ("blocked", "queued", "running", "uncertain", "succeeded", "failed", "cancelled")
+
 MAX_ARG_CHARS = 16384
 MAX_COMMAND_CHARS = 65536
 

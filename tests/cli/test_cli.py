@@ -88,6 +88,22 @@ def test_submit_show_explain(pgd, conn):
     assert "no live runner serves pool linux" in explained["reasons"][0]["message"]
 
 
+def test_jobs_list_pages_the_newest_jobs_and_filters_by_state(pgd, conn):
+    """Fresh-user run: there was no way to list jobs from the CLI."""
+    ids = [json.loads(pgd("submit", "--project", "web", "--pool", "linux", "--", "echo", str(i)).stdout)["id"]
+           for i in range(5)]
+    pgd("jobs", "cancel", str(ids[1]), "--reason", "not needed")
+    lines = pgd("jobs", "list", "--limit", "3").stdout.splitlines()
+    assert [int(line.split()[0]) for line in lines] == ids[:1:-1]
+    assert lines[0].split()[1:] == ["queued", "web/linux", "echo", "4"]
+    older = json.loads(pgd("jobs", "list", "--limit", "3", "--before-id", str(ids[2]), "--json").stdout)
+    assert [j["id"] for j in older] == [ids[1], ids[0]]
+    cancelled = json.loads(pgd("jobs", "list", "--state", "cancelled", "--json").stdout)
+    assert [(j["id"], j["state"]) for j in cancelled] == [(ids[1], "cancelled")]
+    bad = pgd("jobs", "list", "--state", "paused", check=False)
+    assert bad.returncode == 2 and "paused" in bad.stderr
+
+
 def test_pause_resume_are_audited_and_conditional(pgd, conn):
     pgd("projects", "pause", "web", "--reason", "release freeze")
     again = pgd("projects", "pause", "web", "--reason", "x", check=False)

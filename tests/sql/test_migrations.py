@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from sql import db, migrate, transitions
+from sql.validate import JOB_STATES
 
 from ..conftest import with_database
 from ..faults import consistency
@@ -66,6 +67,8 @@ def test_every_state_column_has_a_check_with_exactly_the_design_states(conn):
                   if re.match(r"CHECK \(\(state = ANY \(ARRAY\[", c["def"])]
         assert len(checks) == 1, (table, checks)
         assert set(re.findall(r"'(\w+)'::text", checks[0])) == states, table
+    # the list the console's and the CLI's state filters offer (sql.validate.JOB_STATES)
+    assert set(JOB_STATES) == STATES["jobs"] and len(JOB_STATES) == len(STATES["jobs"])
 
 
 def test_state_checks_refuse_an_unknown_state(world):

@@ -22,9 +22,10 @@ script's client takes the projects in turn (client ``i``'s cycle ``k`` claims fr
 succeeded attempt, with the generation its variant gives, with a delivery receipt if the
 variant writes them, two audit events per job if it writes them, every capacity counter back
 to 0 (the projects' and the variant's own counter rows) and every slot free (the variant's own
-and the product's ``organization_slots`` / ``pool_slots``). A run whose pgbench fails or whose check fails is reported as an
-error; the others go on. For each repeat and each N every variant runs once, the first
-variant rotating with the repeat, so that drift of the machine falls on all of them alike.
+slot rows, and no slot held on the product's ``capacity_stripes``, migration 0014). A run
+whose pgbench fails or whose check fails is reported as an error; the others go on. For each
+repeat and each N every variant runs once, the first variant rotating with the repeat, so
+that drift of the machine falls on all of them alike.
 
 Each raw transaction is one round trip: its statements are joined with pgbench's ``\\;`` into
 one simple-protocol message, which the server runs as one implicit transaction (no
@@ -49,18 +50,19 @@ Variants (``all_variants``; the ratio of each is taken against the one named in 
   the job is taken; ``running - 1`` of the same rows first thing in the completion. Each row
   lock is held to the end of its transaction, commit (and its disk flush) included. Since
   migration 0008 the organization and pool have no counter (their capacity is the product's
-  slot rows), so their counter rows are scratch tables of the run's database,
-  ``bench_organization_counters`` and ``bench_pool_counters`` (id, running, limit; fillfactor
-  50, as the migrated counter tables were), one row each, with the limits of the organization
-  and the pool; the project's is ``projects.running``, as in the product.
+  slot rows, stripes since 0014), so their counter rows are scratch tables of the run's
+  database, ``bench_organization_counters`` and ``bench_pool_counters`` (id, running, limit;
+  fillfactor 50, as the migrated counter tables were), one row each, with the limits of the
+  organization and the pool; the project's is ``projects.running``, as in the product.
 * ``e`` [c] capacity as slot rows instead: a scratch table ``bench_capacity_slots`` (only in
   the run's database) with ``--slots`` rows for the organization and as many for the pool; the
   claim takes the lowest free slot of each with ``FOR UPDATE SKIP LOCKED``, in the statement
   that takes the job, and marks both with the job id; the completion frees them by key. No
-  project accounting. The table is the bench's own, not the product's ``organization_slots`` /
-  ``pool_slots`` (migration 0008): its ``job_id`` is not indexed, so taking and freeing a slot
-  are HOT updates, and the claim takes both slots in one statement; what ``product`` pays for
-  the product's slot rows is in its own ratio.
+  project accounting. The table is the bench's own, not the product's slot rows of migration
+  0008 (``organization_slots`` / ``pool_slots``, replaced by ``capacity_stripes`` in 0014):
+  its ``job_id`` is not indexed, so taking and freeing a slot are HOT updates, and the claim
+  takes both slots in one statement; what ``product`` pays for the product's capacity is in
+  its own ratio.
 * ``e-proj`` [e] ``e`` + the project's counter row, taken and released as in ``d`` (the
   fairness order reads ``projects.running``): the same three levels as ``d``, with the
   organization and pool rows, which every transaction touches, as slot rows instead of
@@ -433,8 +435,7 @@ SELECT (SELECT count(*) FROM jobs) AS jobs,
        (SELECT count(*) FROM delivery_receipts) AS receipts,
        (SELECT count(*) FROM audit_events) AS audit_events,
        (SELECT coalesce(sum(pgd_project_running(id)), 0) FROM projects) AS running,
-       (SELECT count(*) FROM organization_slots WHERE job_id IS NOT NULL)
-     + (SELECT count(*) FROM pool_slots WHERE job_id IS NOT NULL) AS product_slots_held
+       (SELECT coalesce(sum(held), 0) FROM capacity_stripes) AS product_slots_held
 """
 
 # what only some variants' databases have: the counter rows of d, the slot rows of e
@@ -449,7 +450,7 @@ def facts(url: str) -> dict[str, int]:
     """Counts that a run's check compares (jobs, attempts, receipts, audit events, capacity
     held: ``running`` sums the project counters and, when the variant has them, its own
     counter rows; ``slots_held`` counts the variant's own held slots; ``product_slots_held``
-    the product's)."""
+    the product's, held on its stripes)."""
     with db.connect(url, application_name="bench-costs-check") as conn:
         out = {k: int(v) for k, v in conn.execute(FACTS).fetchone().items()}
 

@@ -25,9 +25,10 @@ Connection = psycopg.Connection
 # running the old body of a function meets when a migration changes the schema under it:
 # 42P10 when the unique index its INSERT ... ON CONFLICT names is replaced (0009, for
 # pgd_submit), 42703 when a column it reads is dropped (0011, projects.running, for
-# pgd_claim). The retry runs the new body.
+# pgd_claim), 42P01 when a table it reads is dropped (0014, the slot rows, for pgd_claim
+# and pgd_release_slots). The retry runs the new body.
 RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
-             pg_errors.InvalidColumnReference, pg_errors.UndefinedColumn)
+             pg_errors.InvalidColumnReference, pg_errors.UndefinedColumn, pg_errors.UndefinedTable)
 MAX_TRIES = 6
 
 

@@ -5,22 +5,29 @@ Three instruments:
 * ``run_together`` runs one callable per thread, each on its own connection, all released
   at once by a ``threading.Barrier``, and returns every result or exception.
 * ``Watcher`` samples, in one snapshot per sample, every organization's and pool's held
-  slots and every project's running jobs beside its limit and beside the running
-  attempts that should back them (and every target beside the jobs holding it), and records
-  each sample where the capacity in use is over its limit or disagrees with the attempts.
+  slots (the sum of its stripes' held counts, migration 0014) and every project's running
+  jobs beside its limit and beside the running attempts that should back them (and every
+  target beside the jobs holding it), and the stripes' caps and debt beside the limit; it
+  records each sample where the capacity in use is over its limit, disagrees with the
+  attempts, or the caps no longer split the limit.
 * ``max_overlaps`` sweeps the attempts' ``[claimed_at, finished_at)`` intervals for the
   most attempts that held one organization, project, pool or target at once. That sweep is
-  exact because pgd_claim, pgd_complete and pgd_expire_one stamp those columns with
-  ``clock_timestamp()`` *after* taking or freeing the job's organization and pool slot rows,
-  locks held to commit: for two transactions touching the same row the stamps are in commit
-  order, and a slot row freed by one attempt is taken by the next only after that release
-  committed, so the attempts of one slot never overlap (migration 0008; before it the
-  organization and pool rows were counters locked the same way). A claim of a project with a
-  bound counts the project's running jobs under its exclusive claim lock and stamps after
-  it (migration 0011), so a job whose completion it did not see committed is still counted
-  and its interval ends before the new one starts. (Stamped with ``now()``, the start of the transaction, they were not: a claim that
-  began before a completion and then waited for its lock looked as if it overlapped it, and
-  a correct run of test_claim_races showed "pool linux: 12 of 8".)
+  exact because pgd_claim and pgd_claim_batch stamp claimed_at with ``clock_timestamp()``
+  *after* taking the job's organization and pool slots from a stripe with room (held + 1
+  under the stripe row's lock, held to commit), and pgd_complete and pgd_expire_one stamp
+  finished_at in the transaction that gives them back (held - 1 on the stripes the attempt
+  recorded, under the same row locks). A stripe's claims and releases are serialized by its
+  row lock, and a claim passes a stripe another transaction has locked (SKIP LOCKED): a slot
+  freed by one attempt is taken by the next only after that release committed, after its
+  finished_at. So attempts of one stripe that overlap in the sweep were all held at one
+  moment of that row's history, at most its cap (a CHECK), and an owner's caps sum to its
+  limit while nothing is owed (migration 0014; slot rows in 0008 and counters before it were
+  locked the same way). A claim of a project with a bound counts the project's running jobs
+  under its exclusive claim lock and stamps after it (migration 0011), so a job whose
+  completion it did not see committed is still counted and its interval ends before the new
+  one starts. (Stamped with ``now()``, the start of the transaction, they were not: a claim
+  that began before a completion and then waited for its lock looked as if it overlapped
+  it, and a correct run of test_claim_races showed "pool linux: 12 of 8".)
 
 The ``BROKEN_*`` functions are deliberately wrong copies of the transitions, installed in a
 test's database only to show that these instruments catch what they are meant to catch.
@@ -94,50 +101,66 @@ def raise_first_error(outcomes: list[Outcome]) -> None:
             raise o.error
 
 
-# One snapshot: the capacity in use (held slots of each organization and pool, the counter of
-# each project), its limit, and what actually backs it. An organization's or a pool's held
-# slots agree with the attempts when there are as many as running attempts and each is held
-# by a job with a running attempt there (a job holds at most one: the held-slot indexes).
+# One snapshot: the capacity in use (held slots of each organization and pool, summed over its
+# stripes; the running jobs of each project), its limit, and what actually backs it. An
+# organization's or a pool's held slots agree with the attempts when there are as many as
+# running attempts and each stripe holds as many as the running attempts recording it
+# (attempts.organization_stripe, pool_stripe). ``caps_ok`` (organizations and pools only):
+# the owner has its 8 stripes, their caps less what it owes are its limit, and while it owes
+# every stripe is full (migration 0014; tests/sql/test_stripes.py, stripe_violations).
 SAMPLE_SQL = """
 WITH live AS (
-    SELECT p.organization_id AS org_id, j.project_id, j.pool_id, j.target_id, j.id AS job_id
+    SELECT p.organization_id AS org_id, j.project_id, j.pool_id, j.target_id, j.id AS job_id,
+           a.organization_stripe, a.pool_stripe
       FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN projects p ON p.id = j.project_id
      WHERE a.state = 'running'
+), live_stripes AS (
+    SELECT 'organization' AS kind, org_id AS owner_id, organization_stripe AS stripe_no, count(*) AS n
+      FROM live GROUP BY 1, 2, 3
+    UNION ALL
+    SELECT 'pool', pool_id, pool_stripe, count(*) FROM live GROUP BY 1, 2, 3
+), owners AS (
+    SELECT s.kind, s.owner_id, sum(s.held)::integer AS held, sum(s.cap)::integer AS caps,
+           count(*)::integer AS stripes, bool_and(s.held = s.cap) AS full,
+           bool_and(s.held = coalesce(h.n, 0)) AS backed
+      FROM capacity_stripes s
+      LEFT JOIN live_stripes h ON (h.kind, h.owner_id, h.stripe_no) = (s.kind, s.owner_id, s.stripe_no)
+     GROUP BY s.kind, s.owner_id
 ), holders AS (
     SELECT j.target_id, count(*) AS n, min(j.id) AS job_id
       FROM jobs j WHERE j.state IN ('running', 'uncertain') AND j.target_id IS NOT NULL
      GROUP BY j.target_id
 )
-SELECT 'organization' AS kind, o.name, 'held-slot count' AS what, h.n AS running,
+SELECT 'organization' AS kind, o.name, 'held-slot count' AS what, coalesce(s.held, 0) AS running,
        o.max_running AS lim,
-       h.n = (SELECT count(*) FROM live WHERE live.org_id = o.id)
-       AND NOT EXISTS (SELECT 1 FROM organization_slots s
-                        WHERE s.organization_id = o.id AND s.job_id IS NOT NULL
-                          AND NOT EXISTS (SELECT 1 FROM live
-                                           WHERE live.org_id = o.id AND live.job_id = s.job_id))
-       AS ok
+       coalesce(s.held, 0) = (SELECT count(*) FROM live WHERE live.org_id = o.id)
+       AND coalesce(s.backed, true) AS ok,
+       coalesce(s.stripes, 0) = 8 AND s.caps - coalesce(d.owed, 0) = o.max_running
+       AND (d.owed IS NULL OR s.full) AS caps_ok,
+       s.caps, coalesce(d.owed, 0) AS owed, coalesce(s.stripes, 0) AS stripes, s.full
   FROM organizations o
- CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM organization_slots s
-                      WHERE s.organization_id = o.id AND s.job_id IS NOT NULL) h
+  LEFT JOIN owners s ON s.kind = 'organization' AND s.owner_id = o.id
+  LEFT JOIN capacity_debts d ON d.kind = 'organization' AND d.owner_id = o.id
 UNION ALL
 SELECT 'project', p.name, 'running jobs', r.n, p.max_running,
-       r.n = (SELECT count(*) FROM live WHERE live.project_id = p.id)
+       r.n = (SELECT count(*) FROM live WHERE live.project_id = p.id), NULL, NULL, NULL, NULL, NULL
   FROM projects p
  CROSS JOIN LATERAL (SELECT pgd_project_running(p.id) AS n) r
 UNION ALL
-SELECT 'pool', q.name, 'held-slot count', h.n, q.slots,
-       h.n = (SELECT count(*) FROM live WHERE live.pool_id = q.id)
-       AND NOT EXISTS (SELECT 1 FROM pool_slots s
-                        WHERE s.pool_id = q.id AND s.job_id IS NOT NULL
-                          AND NOT EXISTS (SELECT 1 FROM live
-                                           WHERE live.pool_id = q.id AND live.job_id = s.job_id))
+SELECT 'pool', q.name, 'held-slot count', coalesce(s.held, 0), q.slots,
+       coalesce(s.held, 0) = (SELECT count(*) FROM live WHERE live.pool_id = q.id)
+       AND coalesce(s.backed, true),
+       coalesce(s.stripes, 0) = 8 AND s.caps - coalesce(d.owed, 0) = q.slots
+       AND (d.owed IS NULL OR s.full),
+       s.caps, coalesce(d.owed, 0), coalesce(s.stripes, 0), s.full
   FROM pools q
- CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM pool_slots s
-                      WHERE s.pool_id = q.id AND s.job_id IS NOT NULL) h
+  LEFT JOIN owners s ON s.kind = 'pool' AND s.owner_id = q.id
+  LEFT JOIN capacity_debts d ON d.kind = 'pool' AND d.owner_id = q.id
 UNION ALL
 SELECT 'target', t.name, 'holder count', coalesce(h.n, 0)::integer, 1,
        (t.state = 'free') = (h.n IS NULL)
-       AND (h.n IS NULL OR (h.n = 1 AND t.holder_job_id = h.job_id))
+       AND (h.n IS NULL OR (h.n = 1 AND t.holder_job_id = h.job_id)),
+       NULL, NULL, NULL, NULL, NULL
   FROM targets t LEFT JOIN holders h ON h.target_id = t.id
 """
 
@@ -147,8 +170,9 @@ class Watcher:
     stopped.
 
     ``violations`` lists samples where an organization's or a pool's held slots or a
-    project's counter exceeded its limit or disagreed with the running attempts (for a
-    target: more than one holder, or a holder the row does not name).
+    project's counter exceeded its limit or disagreed with the running attempts, or an
+    organization's or a pool's stripe caps did not split its limit (for a target: more than
+    one holder, or a holder the row does not name).
     """
 
     def __init__(self, db_url: str, *, interval_s: float = 0.002):
@@ -194,7 +218,7 @@ class Watcher:
 
 def violations_in(rows: list[dict[str, Any]]) -> list[str]:
     """What is wrong in one SAMPLE_SQL snapshot: held slots or counters over their limits,
-    or disagreeing with the attempts."""
+    or disagreeing with the attempts; stripe caps that do not split the limit."""
     out = []
     for r in rows:
         if r["lim"] is not None and r["running"] > r["lim"]:
@@ -202,6 +226,10 @@ def violations_in(rows: list[dict[str, Any]]) -> list[str]:
         if not r["ok"]:
             out.append(f"{r['kind']} {r['name']}: {r['what']} {r['running']} disagrees "
                        f"with the attempts or holders backing it")
+        if r["caps_ok"] is False:
+            room = " (a stripe has room while slots are owed)" if r["owed"] and not r["full"] else ""
+            out.append(f"{r['kind']} {r['name']}: {r['stripes']} stripes with caps {r['caps']} "
+                       f"and {r['owed']} owed do not split the limit {r['lim']}{room}")
     return out
 
 
@@ -261,45 +289,46 @@ def attempt_shapes(conn) -> list[dict[str, Any]]:
 
 # A deliberately broken claim. It judges eligibility, capacity and the target on a plain
 # read, widens the window with pg_sleep, then takes every reservation unconditionally: no
-# project claim lock (so nothing holds the project's bound), and an organization slot and a pool slot whether or not
-# one is free within the limit (the lowest free slot at any number, else a new slot row
-# numbered past the highest: so the held slots still count every claim and go over the
-# limit, as the counters did before migration 0008). With p_skip_locked it first takes a job
-# of the chosen project and pool with FOR UPDATE SKIP LOCKED, as pgd_claim does (so racers
-# get different jobs and only the stale capacity and target checks are wrong), and the rest
-# in 0008's lock order: job, target, project row, organization slot, pool slot (a slot is only
-# ever waited for when two of these claims add the same new slot row). Without, it runs the
-# job it read, never locked and never re-checked: the job row is first locked by the final
-# UPDATE, after the slots. Same result columns as pgd_claim.
-# The deliberately broken claims' reservation (here and in tests/faults/chaos_runner.py): an
-# organization slot and a pool slot for v_job whatever the limit — the lowest free one at any
-# number, else a new row numbered past the highest (waiting only for another claim adding the
-# same number, then trying the next). PL/pgSQL; needs v_org and v_job in scope.
+# project claim lock (so nothing holds the project's bound), and an organization slot and a
+# pool slot whether or not one is free within the limit (from a stripe with room if one is
+# unlocked, else from any unlocked stripe, its cap raised past the limit to make room: so the
+# held slots still count every claim and go over the limit, as the slot rows and the
+# counters before them did). With p_skip_locked it first takes a job of the chosen project
+# and pool with FOR UPDATE SKIP LOCKED, as pgd_claim does (so racers get different jobs and
+# only the stale capacity and target checks are wrong), and the rest in 0014's lock order:
+# job, target, project row, organization stripe, pool stripe (a stripe is only ever waited
+# for when another transaction holds every stripe of the owner: then stripe 1). Without, it
+# runs the job it read, never locked and never re-checked: the job row is first locked by
+# the final UPDATE, after the stripes. The attempt records its stripes, so a completion
+# gives the slots back. Same result columns as pgd_claim.
+# Its reservation: an organization slot and a pool slot for v_job whatever the limit (cap
+# raised to held + 1 where the stripe is full). PL/pgSQL; needs v_org and v_job in scope,
+# and sets v_org_stripe and v_pool_stripe (smallint) for the attempt to record.
 UNCONDITIONAL_SLOTS_SQL = """
-        UPDATE organization_slots s SET job_id = v_job.id
-         WHERE (s.organization_id, s.slot_no) = (
-               SELECT f.organization_id, f.slot_no FROM organization_slots f
-                WHERE f.organization_id = v_org AND f.job_id IS NULL
-                ORDER BY f.slot_no
-                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
-        WHILE NOT FOUND LOOP  -- another claim adding the same number: wait for it, try the next
-            INSERT INTO organization_slots (organization_id, slot_no, job_id)
-            SELECT v_org, coalesce(max(f.slot_no), 0) + 1, v_job.id
-              FROM organization_slots f WHERE f.organization_id = v_org
-                ON CONFLICT (organization_id, slot_no) DO NOTHING;
-        END LOOP;
-        UPDATE pool_slots s SET job_id = v_job.id
-         WHERE (s.pool_id, s.slot_no) = (
-               SELECT f.pool_id, f.slot_no FROM pool_slots f
-                WHERE f.pool_id = v_job.pool_id AND f.job_id IS NULL
-                ORDER BY f.slot_no
-                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
-        WHILE NOT FOUND LOOP
-            INSERT INTO pool_slots (pool_id, slot_no, job_id)
-            SELECT v_job.pool_id, coalesce(max(f.slot_no), 0) + 1, v_job.id
-              FROM pool_slots f WHERE f.pool_id = v_job.pool_id
-                ON CONFLICT (pool_id, slot_no) DO NOTHING;
-        END LOOP;
+        UPDATE capacity_stripes s SET held = s.held + 1, cap = greatest(s.cap, s.held + 1)
+         WHERE (s.kind, s.owner_id, s.stripe_no) = (
+               SELECT f.kind, f.owner_id, f.stripe_no FROM capacity_stripes f
+                WHERE f.kind = 'organization' AND f.owner_id = v_org
+                ORDER BY f.held >= f.cap, f.stripe_no
+                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)
+        RETURNING s.stripe_no INTO v_org_stripe;
+        IF NOT FOUND THEN  -- every stripe locked by another transaction: wait for the first
+            UPDATE capacity_stripes s SET held = s.held + 1, cap = greatest(s.cap, s.held + 1)
+             WHERE s.kind = 'organization' AND s.owner_id = v_org AND s.stripe_no = 1
+            RETURNING s.stripe_no INTO v_org_stripe;
+        END IF;
+        UPDATE capacity_stripes s SET held = s.held + 1, cap = greatest(s.cap, s.held + 1)
+         WHERE (s.kind, s.owner_id, s.stripe_no) = (
+               SELECT f.kind, f.owner_id, f.stripe_no FROM capacity_stripes f
+                WHERE f.kind = 'pool' AND f.owner_id = v_job.pool_id
+                ORDER BY f.held >= f.cap, f.stripe_no
+                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)
+        RETURNING s.stripe_no INTO v_pool_stripe;
+        IF NOT FOUND THEN
+            UPDATE capacity_stripes s SET held = s.held + 1, cap = greatest(s.cap, s.held + 1)
+             WHERE s.kind = 'pool' AND s.owner_id = v_job.pool_id AND s.stripe_no = 1
+            RETURNING s.stripe_no INTO v_pool_stripe;
+        END IF;
 """
 
 
@@ -317,6 +346,8 @@ DECLARE
     v_org     bigint;
     v_attempt bigint;
     v_lease   timestamptz;
+    v_org_stripe  smallint;
+    v_pool_stripe smallint;
 BEGIN
     SELECT j.* INTO v_job
       FROM jobs j
@@ -326,12 +357,11 @@ BEGIN
       LEFT JOIN targets t ON t.id = j.target_id
      WHERE j.pool_id = ANY (p_pool_ids) AND j.state = 'queued' AND j.ready_at <= now()
        AND p.paused_at IS NULL
-       AND EXISTS (SELECT 1 FROM organization_slots s
-                    WHERE s.organization_id = o.id AND s.job_id IS NULL
-                      AND s.slot_no <= o.max_running)
+       AND EXISTS (SELECT 1 FROM capacity_stripes s
+                    WHERE s.kind = 'organization' AND s.owner_id = o.id AND s.held < s.cap)
        AND (p.max_running IS NULL OR pgd_project_running(p.id) < p.max_running)
-       AND EXISTS (SELECT 1 FROM pool_slots s
-                    WHERE s.pool_id = q.id AND s.job_id IS NULL AND s.slot_no <= q.slots)
+       AND EXISTS (SELECT 1 FROM capacity_stripes s
+                    WHERE s.kind = 'pool' AND s.owner_id = q.id AND s.held < s.cap)
        AND (j.target_id IS NULL OR t.state = 'free')
      ORDER BY j.priority DESC, j.id
      LIMIT 1;
@@ -358,7 +388,7 @@ BEGIN
              WHERE t.id = v_job.target_id;
         END IF;
         UPDATE projects p SET last_claimed_at = now() WHERE p.id = v_job.project_id;
-        -- a slot whatever the limit: the lowest free one at any number, else a new one
+        -- a slot whatever the limit: from a stripe with room, else one past the limit
 {slots}        UPDATE jobs j
            SET state = 'running', generation = j.generation + 1,
                attempts_made = j.attempts_made + 1, started_at = coalesce(j.started_at, now())
@@ -366,9 +396,10 @@ BEGIN
         RETURNING * INTO v_job;
         v_lease := clock_timestamp() + make_interval(secs => p_lease_seconds);
         INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
-                              claimed_at, lease_expires_at, last_heartbeat_at)
+                              claimed_at, lease_expires_at, last_heartbeat_at,
+                              organization_stripe, pool_stripe)
         VALUES (v_job.id, v_job.attempts_made, v_job.generation, p_runner_id, p_claim_token,
-                'running', clock_timestamp(), v_lease, now())
+                'running', clock_timestamp(), v_lease, now(), v_org_stripe, v_pool_stripe)
         RETURNING id INTO v_attempt;
         RETURN QUERY SELECT v_job.id, v_attempt, v_job.attempts_made, v_job.generation, v_lease,
                             v_job.project_id, v_job.pool_id, v_job.target_id, v_job.command,
@@ -401,10 +432,13 @@ def broken_claim(conn, *, runner_id: int, pools: list[int], sleep_s: float, skip
 # A deliberately broken expiry: the lapsed lease is found by a plain read, the window is
 # widened, then the attempt is ended and its capacity released without any lock or re-check
 # (no SKIP LOCKED, no "is it still running with a lapsed lease?"). The writes follow the
-# lock order (job, target, attempt, organization slot, pool slot) and release as
-# pgd_expire_one does: the slots the job holds are freed. So a second pass over the same
-# attempt counts the job's failure again, while its slots, freed by job id, are already free
-# (unless the job was claimed again since: then it frees the new attempt's slots).
+# lock order (job, target, attempt, organization stripe, pool stripe) and release as
+# pgd_expire_one does (pgd_release_slots: the slots on the stripes the job's latest attempt
+# recorded), then take those stripes off that attempt, as slot rows freed by job id were
+# left naming no job: what a release gives back, a second release finds given back already.
+# So a second pass over the same attempt counts the job's failure again, while its slots are
+# not given back twice (unless the job was claimed again since: then it gives back the new
+# attempt's slots, which then records none).
 BROKEN_EXPIRE_SQL = """
 CREATE FUNCTION pgd_expire_one_broken(p_sleep_seconds double precision) RETURNS jsonb
 LANGUAGE plpgsql AS $$
@@ -432,9 +466,10 @@ BEGIN
        SET state = CASE WHEN c.target_id IS NULL THEN 'expired' ELSE 'lost' END,
            finished_at = now(), error = 'lease expired'
      WHERE id = c.attempt_id;
-    UPDATE organization_slots SET job_id = NULL
-     WHERE organization_id = c.org_id AND job_id = c.job_id;
-    UPDATE pool_slots SET job_id = NULL WHERE pool_id = c.pool_id AND job_id = c.job_id;
+    PERFORM pgd_release_slots(ARRAY[c.org_id], ARRAY[c.pool_id], ARRAY[c.job_id]);
+    UPDATE attempts SET organization_stripe = NULL, pool_stripe = NULL
+     WHERE id = (SELECT a.id FROM attempts a WHERE a.job_id = c.job_id
+                  ORDER BY a.attempt_no DESC LIMIT 1);
     RETURN jsonb_build_object('attempt_id', c.attempt_id, 'job_id', c.job_id,
                               'is_deployment', c.target_id IS NOT NULL);
 END;

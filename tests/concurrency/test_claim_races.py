@@ -68,12 +68,13 @@ def test_eight_claimers_on_one_job_make_exactly_one_attempt(world, db_url):
 
 def test_harness_catches_a_claim_without_skip_locked(world, db_url):
     """The broken claim neither locks the job nor re-checks its state: all eight racers
-    read it queued. The database's backstops still refuse every claim of it but the first:
-    the partial unique index of held organization slots (one per job, migration 0008) is hit
-    first, as the slots are taken before the job's row and attempt are written; with it and
-    the pool's dropped, the partial unique index of running attempts (one per job) refuses
-    the second attempt, so the harness sees seven errors either way; with that backstop
-    dropped too it sees eight claims, eight attempts and generation 8."""
+    read it queued and each takes a slot from a stripe. The database's backstop still
+    refuses every claim of it but the first: the partial unique index of running attempts
+    (one per job) refuses the second attempt, so the harness sees seven errors, and their
+    slots go back with their transactions. (With slot rows, migration 0008, the partial
+    unique index of held organization slots, one per job, was hit first; stripes count
+    slots and name no job, so there is no such index.) With that backstop dropped it sees
+    eight claims, eight attempts, generation 8, and eight slots held for one job."""
     world.setup()
     runner = world.runner(slots=8)
     install_broken_claim(world.conn)
@@ -81,18 +82,15 @@ def test_harness_catches_a_claim_without_skip_locked(world, db_url):
 
     r = race_for_one_job(world, db_url, claim)
     assert len(r["claims"]) == 1 and len(r["errors"]) == 7
-    assert all(isinstance(e, Conflict) and "organization_slots_held_idx" in str(e) for e in r["errors"])
-
-    world.conn.execute("DROP INDEX organization_slots_held_idx")
-    world.conn.execute("DROP INDEX pool_slots_held_idx")
-    r = race_for_one_job(world, db_url, claim)
-    assert len(r["claims"]) == 1 and len(r["errors"]) == 7
     assert all(isinstance(e, Conflict) and "attempts_one_running_per_job" in str(e) for e in r["errors"])
+    assert world.counters() == {"org": 1, "project": 1, "pool": 1, "attempts": 1}
+    assert check_now(world.conn) == []
 
     world.conn.execute("DROP INDEX attempts_one_running_per_job")
     r = race_for_one_job(world, db_url, claim)
     assert not r["errors"]
     assert len(r["claims"]) == 8 and r["attempts"] == 8 and r["generation"] == 8
+    assert world.counters() == {"org": 9, "project": 2, "pool": 9, "attempts": 9}
 
 
 # --- (b) the last organization slot -------------------------------------------------------
@@ -101,9 +99,9 @@ def race_for_last_slot(world, db_url, make_claim) -> dict:
     """Two claimers at once; ``org_running`` is acme's held slots afterwards."""
     outcomes = run_together(db_url, [make_claim, make_claim])
     raise_first_error(outcomes)
-    org = world.conn.execute("SELECT count(*) AS n FROM organization_slots s "
-                             "JOIN organizations o ON o.id = s.organization_id "
-                             "WHERE o.name = 'acme' AND s.job_id IS NOT NULL").fetchone()
+    org = world.conn.execute("SELECT sum(s.held)::integer AS n FROM capacity_stripes s "
+                             "JOIN organizations o ON o.id = s.owner_id "
+                             "WHERE s.kind = 'organization' AND o.name = 'acme'").fetchone()
     return {"claims": sum(o.value is not None for o in outcomes), "org_running": org["n"],
             "running_attempts": world.counters()["attempts"]}
 
@@ -133,7 +131,8 @@ def test_two_claimers_for_the_last_organization_slot_admit_one(world, db_url):
 
 def test_harness_catches_a_claim_with_a_stale_capacity_check(world, db_url):
     """Both broken claimers read 4 of 5 slots held, sleep, and both take a slot: one takes
-    the free slot 5, the other (finding none free) a new slot 6 past the limit: 6 of 5."""
+    the last stripe with room, the other (finding none free) a full stripe with its cap
+    raised past the limit: 6 of 5, and caps that no longer sum to the limit."""
     world.setup(org_limit=5)
     runner = world.runner(slots=8)
     install_broken_claim(world.conn)
@@ -144,7 +143,9 @@ def test_harness_catches_a_claim_with_a_stale_capacity_check(world, db_url):
     claim = bad_claim(runner, world.pool_ids(("linux",)), sleep_s=0.3, skip_locked=True)
     r = race_for_last_slot(world, db_url, claim)
     assert r == {"claims": 2, "org_running": 6, "running_attempts": 6}
-    assert "organization acme: 6 running, limit 5" in check_now(world.conn)
+    found = check_now(world.conn)
+    assert "organization acme: 6 running, limit 5" in found
+    assert "organization acme: 8 stripes with caps 6 and 0 owed do not split the limit 5" in found
 
 
 # --- (c) a loaded system: organizations, project bounds and a pool ---------------------
@@ -174,7 +175,8 @@ def build_loaded_world(world, *, jobs_per_project: int) -> tuple[int, list[int]]
 
 def test_loaded_claimers_never_exceed_any_limit_and_reach_every_one(world, db_url):
     """300 short jobs through 12 claim -> complete loops. Sampled held slots and counters
-    never pass their limits; the sweep of the attempts' [claimed_at, finished_at) finds every
+    never pass their limits nor disagree with the running attempts, and the stripes' caps
+    always split the limits; the sweep of the attempts' [claimed_at, finished_at) finds every
     limit reached and none exceeded (this sweep failed with "pool linux: 12 of 8" while those
     columns were stamped with now(): see harness.py); every job ran exactly once."""
     runner, pools = build_loaded_world(world, jobs_per_project=75)
@@ -208,7 +210,7 @@ def test_loaded_claimers_never_exceed_any_limit_and_reach_every_one(world, db_ur
 
 def test_harness_catches_overadmission_under_load(world, db_url):
     """The same load with the stale-read claim: the watcher sees held slots and counters
-    over their limits and the sweep of the attempts' intervals sees more attempts than the
+    over their limits (and stripe caps raised past them) and the sweep of the attempts' intervals sees more attempts than the
     limits at once."""
     runner, pools = build_loaded_world(world, jobs_per_project=15)
     install_broken_claim(world.conn)

@@ -297,8 +297,10 @@ def test_one_completion_delivered_twice_at_once_is_recorded_once(world, db_url):
 
 # A deliberately broken completion: the receipt and the attempt are checked on plain reads
 # before any lock, and a duplicate receipt is dropped instead of refused. Its writes follow
-# the lock order (job, attempt, organization slot, pool slot) and release as
-# pgd_complete_attempt does: the job's slots are freed.
+# the lock order (job, attempt, organization stripe, pool stripe) and release as
+# pgd_complete_attempt does (pgd_release_slots: the slots on the stripes the job's latest
+# attempt recorded), then take those stripes off that attempt, as slot rows freed by job id
+# were left naming no job (see BROKEN_EXPIRE_SQL in harness.py).
 BROKEN_COMPLETE_SQL = """
 CREATE FUNCTION pgd_complete_broken(p_attempt_id bigint, p_generation bigint, p_receipt_key text,
                                     p_sleep_seconds double precision)
@@ -322,8 +324,10 @@ BEGIN
     PERFORM pg_sleep(p_sleep_seconds);
     UPDATE jobs SET state = 'succeeded', finished_at = now() WHERE id = v.job_id;
     UPDATE attempts SET state = 'succeeded', finished_at = now(), exit_code = 0 WHERE id = p_attempt_id;
-    UPDATE organization_slots SET job_id = NULL WHERE organization_id = v.org_id AND job_id = v.job_id;
-    UPDATE pool_slots SET job_id = NULL WHERE pool_id = v.pool_id AND job_id = v.job_id;
+    PERFORM pgd_release_slots(ARRAY[v.org_id], ARRAY[v.pool_id], ARRAY[v.job_id]);
+    UPDATE attempts SET organization_stripe = NULL, pool_stripe = NULL
+     WHERE id = (SELECT a.id FROM attempts a WHERE a.job_id = v.job_id
+                  ORDER BY a.attempt_no DESC LIMIT 1);
     v_response := jsonb_build_object('status', 'recorded', 'job_id', v.job_id, 'attempt_id', p_attempt_id,
                                      'job_state', 'succeeded', 'attempt_state', 'succeeded',
                                      'repeated', false);
@@ -339,10 +343,11 @@ $$;
 
 def test_harness_catches_a_completion_that_checks_its_receipt_too_early(world, db_url):
     """Both deliveries pass the early receipt check and both record the completion: each
-    is answered "recorded", where the second must be answered as a repeat. The slots are
-    freed by job id and the project counts its running jobs (migration 0011; before it a
-    counter was decremented twice), so the second release finds nothing left to free and
-    the capacity stays right."""
+    is answered "recorded", where the second must be answered as a repeat. The first
+    release gives the slots back and takes the stripes off the attempt (as slot rows freed
+    by job id were left naming no job, before migration 0014), and the project counts its
+    running jobs (migration 0011; before it a counter was decremented twice), so the second
+    release finds nothing left to give back and the capacity stays right."""
     world.setup()
     runner = world.runner()
     world.conn.execute(BROKEN_COMPLETE_SQL)

@@ -11,9 +11,10 @@ from the database alone:
 * the most attempts holding each organization, project and pool at once, swept from the
   attempts' ``[claimed_at, finished_at)`` intervals (tests/concurrency/harness.max_overlaps),
   equals its limit — reached, never exceeded — and a watcher sampling the organizations' and
-  the pool's held slots and the projects' counters while the schedulers ran saw none over its
-  limit or disagreeing with the running attempts;
-* every slot is free and every project counter back to 0.
+  the pool's held slots (their stripes' held counts) and the projects' counters while the
+  schedulers ran saw none over its limit or disagreeing with the running attempts, and the
+  stripes' caps always splitting the limits;
+* every stripe holds no slot and every project counter is back to 0.
 
 The history checker is shown catching a claim that computes the next generation from a
 stale read (and the sweep, in test_claim_races.py, catching over-admission).
@@ -163,6 +164,8 @@ DECLARE
     v_job     jobs%ROWTYPE;
     v_org     bigint;
     v_attempt bigint;
+    v_org_stripe  smallint;
+    v_pool_stripe smallint;
 BEGIN
     -- BROKEN: the job is read without a lock and the next generation computed from that read
     SELECT * INTO v_job FROM jobs WHERE id = p_job_id AND state = 'queued';
@@ -171,27 +174,29 @@ BEGIN
     END IF;
     SELECT organization_id INTO v_org FROM projects WHERE id = v_job.project_id;
     PERFORM pg_sleep(p_sleep_seconds);
-    -- then the lock order: job, organization slot, pool slot; the capacity is
-    -- taken as pgd_claim takes it (a free slot within the limit), not what this copy gets wrong
+    -- then the lock order: job, organization stripe, pool stripe; the capacity is taken as
+    -- pgd_claim takes it (a slot from a stripe with room, SKIP LOCKED; the attempt records
+    -- the stripes), not what this copy gets wrong
     UPDATE jobs SET state = 'running', generation = v_job.generation + 1,
                     attempts_made = v_job.attempts_made + 1
      WHERE id = p_job_id;
-    UPDATE organization_slots s SET job_id = p_job_id
-     WHERE (s.organization_id, s.slot_no) = (
-           SELECT f.organization_id, f.slot_no FROM organization_slots f
-            WHERE f.organization_id = v_org AND f.job_id IS NULL
-              AND f.slot_no <= (SELECT o.max_running FROM organizations o WHERE o.id = v_org)
-            ORDER BY f.slot_no LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
-    UPDATE pool_slots s SET job_id = p_job_id
-     WHERE (s.pool_id, s.slot_no) = (
-           SELECT f.pool_id, f.slot_no FROM pool_slots f
-            WHERE f.pool_id = v_job.pool_id AND f.job_id IS NULL
-              AND f.slot_no <= (SELECT q.slots FROM pools q WHERE q.id = v_job.pool_id)
-            ORDER BY f.slot_no LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED);
+    UPDATE capacity_stripes s SET held = s.held + 1
+     WHERE (s.kind, s.owner_id, s.stripe_no) = (
+           SELECT f.kind, f.owner_id, f.stripe_no FROM capacity_stripes f
+            WHERE f.kind = 'organization' AND f.owner_id = v_org AND f.held < f.cap
+            ORDER BY pgd_stripe_order(f.stripe_no) LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)
+    RETURNING s.stripe_no INTO v_org_stripe;
+    UPDATE capacity_stripes s SET held = s.held + 1
+     WHERE (s.kind, s.owner_id, s.stripe_no) = (
+           SELECT f.kind, f.owner_id, f.stripe_no FROM capacity_stripes f
+            WHERE f.kind = 'pool' AND f.owner_id = v_job.pool_id AND f.held < f.cap
+            ORDER BY pgd_stripe_order(f.stripe_no) LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)
+    RETURNING s.stripe_no INTO v_pool_stripe;
     INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
-                          claimed_at, lease_expires_at)
+                          claimed_at, lease_expires_at, organization_stripe, pool_stripe)
     VALUES (p_job_id, v_job.attempts_made + 1, v_job.generation + 1, p_runner_id,
-            gen_random_uuid(), 'running', clock_timestamp(), clock_timestamp() + interval '30 s')
+            gen_random_uuid(), 'running', clock_timestamp(), clock_timestamp() + interval '30 s',
+            v_org_stripe, v_pool_stripe)
     RETURNING id INTO v_attempt;
     RETURN v_attempt;
 END;
@@ -201,9 +206,10 @@ $$;
 
 def test_history_checker_catches_a_claim_with_a_stale_generation(world, db_url):
     """Two of these claims racing for one job both run it with generation 1. The database's
-    own backstops (UNIQUE (job_id, attempt_no), UNIQUE (job_id, generation), one running
-    attempt per job, and since migration 0008 one held organization slot and one held pool
-    slot per job) would refuse the second; with them dropped, the history checker alone
+    own backstops (UNIQUE (job_id, attempt_no), UNIQUE (job_id, generation) and one running
+    attempt per job; migration 0008's one held organization slot and one held pool slot per
+    job went with the slot rows in 0014) would refuse the second; with them dropped, each
+    takes a slot from a stripe as pgd_claim does and the history checker alone
     reports the shared generation and attempt number and the overlap — and, once the first
     completion ends the job, an ended job with an attempt still running."""
     world.setup()
@@ -216,8 +222,6 @@ def test_history_checker_catches_a_claim_with_a_stale_generation(world, db_url):
                           "AND contype = 'u'").fetchall():
         c.execute(f"ALTER TABLE attempts DROP CONSTRAINT {name['conname']}")
     c.execute("DROP INDEX attempts_one_running_per_job")
-    c.execute("DROP INDEX organization_slots_held_idx")
-    c.execute("DROP INDEX pool_slots_held_idx")
 
     def claim(conn):
         return db.in_transaction(conn, lambda cc: cc.execute(

@@ -73,7 +73,8 @@ def test_concurrent_global_fifo_fails_the_three_to_one_check(conn, db_url):
 def test_with_capacity_to_spare_a_claim_decides_from_its_read(conn, db_url):
     """The re-check runs only while capacity is scarce (migration 0008): with a pool of 100
     slots for a runner of 8, B takes light's claim lock shared beside A (migration 0011),
-    does not wait for A at all, and takes light as its read said (light 2 beside heavy 2).
+    passes the stripes A holds (SKIP LOCKED, migration 0014), does not wait for A at all,
+    and takes light as its read said (light 2 beside heavy 2).
     No claim could be refused capacity for it; the concurrent check below bounds what it
     costs the shares."""
     assert _claim_behind_an_open_claim(conn, db_url, pool_slots=100) == ("light", "light")
@@ -96,7 +97,8 @@ def _claim_behind_an_open_claim(conn, db_url, *, pool_slots: int = 8) -> tuple[s
     pool of 8 capacity is scarce, so B waits for light's claim lock, which A holds
     exclusively (migrations 0007, 0011), then A commits and B re-checks under the lock; with
     ``pool_slots`` 100 it is not (migration 0008), and B claims while A is still open (its
-    claim lock is shared). Returns the projects A and B got."""
+    claim lock is shared, and it takes its slots from stripes A does not hold). Returns the
+    projects A and B got."""
     world = bench.setup(conn, bench.weighted(jobs_each=20).projects, slots=8, interleave=True,
                         bulk_insert=True)
     conn.execute("UPDATE pools SET slots = %s", (pool_slots,))

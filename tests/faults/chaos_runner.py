@@ -31,7 +31,6 @@ from typing import Any
 
 from sql import PgDispatchError, db, transitions
 
-from ..concurrency.harness import UNCONDITIONAL_SLOTS_SQL
 from ..factories import World
 from .chaos_procs import Fleet, Proc, wait_until
 from .chaos_runs import read_runs, run_command, runs_violations
@@ -94,19 +93,47 @@ class Summary:
 
 
 # A deliberately broken pgd_claim (same signature and result): check-then-act capacity. It
-# judges organization, project and pool capacity on a plain read (a free slot within the
-# organization's and the pool's limit, the project's counter under its bound), widens the
-# window with a pg_sleep, then reserves all three unconditionally: the project counter
-# without its bound, and an organization slot and a pool slot whether or not one is free
-# within the limit (the lowest free slot at any number, else a new slot row numbered past
-# the highest), so that the held slots still count every claim and go over the limit as the
-# counters did before migration 0008. It takes them in 0008's lock order (job, target,
-# project, organization slot, pool slot), so that it does not deadlock against the real
-# completions and starve itself of claims; the only slot it ever waits for is a new slot row
-# another of these claims is adding with the same number. The job is still taken with FOR
-# UPDATE SKIP LOCKED and a deployment's target still only when free, so that the one thing
-# wrong is over-admission. Self-contained on purpose: it does not depend on the text of the
-# real pgd_claim.
+# judges organization, project and pool capacity on a plain read (the held slots of the
+# organization and of the pool under their limits, the project's running jobs under its
+# bound), widens the window with a pg_sleep, then reserves all three unconditionally: the
+# project's count without its bound, and a slot of the organization and one of the pool
+# whether or not one is free within the limit (a stripe with room if one is unlocked, else
+# any unlocked stripe, its cap raised to make room past the limit), so that the held slots
+# still count every claim and go over the limit as the counters did before migration 0008.
+# Each attempt records the stripes it holds its slots in, so that completions and expiries
+# give them back. It takes them in 0014's lock order (job, target, project, organization
+# stripe, pool stripe), so that it does not deadlock against the real completions and
+# starve itself of claims; the only stripe it ever waits for is stripe 1, when another
+# transaction holds every stripe of the owner. The job is still taken with FOR UPDATE SKIP
+# LOCKED and a deployment's target still only when free, so that the one thing wrong is
+# over-admission. Self-contained on purpose: it does not depend on the text of the real
+# pgd_claim.
+UNCONDITIONAL_STRIPES_SQL = """
+        UPDATE capacity_stripes s SET held = s.held + 1, cap = greatest(s.cap, s.held + 1)
+         WHERE (s.kind, s.owner_id, s.stripe_no) = (
+               SELECT f.kind, f.owner_id, f.stripe_no FROM capacity_stripes f
+                WHERE f.kind = 'organization' AND f.owner_id = v_org
+                ORDER BY f.held >= f.cap, f.stripe_no
+                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)
+        RETURNING s.stripe_no INTO v_org_stripe;
+        IF NOT FOUND THEN  -- every stripe locked by another transaction: wait for the first
+            UPDATE capacity_stripes s SET held = s.held + 1, cap = greatest(s.cap, s.held + 1)
+             WHERE s.kind = 'organization' AND s.owner_id = v_org AND s.stripe_no = 1
+            RETURNING s.stripe_no INTO v_org_stripe;
+        END IF;
+        UPDATE capacity_stripes s SET held = s.held + 1, cap = greatest(s.cap, s.held + 1)
+         WHERE (s.kind, s.owner_id, s.stripe_no) = (
+               SELECT f.kind, f.owner_id, f.stripe_no FROM capacity_stripes f
+                WHERE f.kind = 'pool' AND f.owner_id = v_job.pool_id
+                ORDER BY f.held >= f.cap, f.stripe_no
+                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)
+        RETURNING s.stripe_no INTO v_pool_stripe;
+        IF NOT FOUND THEN
+            UPDATE capacity_stripes s SET held = s.held + 1, cap = greatest(s.cap, s.held + 1)
+             WHERE s.kind = 'pool' AND s.owner_id = v_job.pool_id AND s.stripe_no = 1
+            RETURNING s.stripe_no INTO v_pool_stripe;
+        END IF;
+"""
 BROKEN_CLAIM_SQL = """
 CREATE OR REPLACE FUNCTION pgd_claim(p_runner_id bigint, p_pool_ids bigint[],
                                      p_claim_token uuid, p_lease_seconds double precision)
@@ -121,6 +148,8 @@ DECLARE
     v_org     bigint;
     v_attempt bigint;
     v_lease   timestamptz;
+    v_org_stripe  smallint;
+    v_pool_stripe smallint;
 BEGIN
     SELECT * INTO v_runner FROM runners r WHERE r.id = p_runner_id;
     IF NOT FOUND OR v_runner.draining OR v_runner.stopped_at IS NOT NULL THEN
@@ -135,12 +164,9 @@ BEGIN
      WHERE j.pool_id = ANY (p_pool_ids) AND j.pool_id = ANY (v_runner.pool_ids)
        AND j.state = 'queued' AND j.ready_at <= now()
        AND p.paused_at IS NULL
-       AND EXISTS (SELECT 1 FROM organization_slots s
-                    WHERE s.organization_id = o.id AND s.job_id IS NULL
-                      AND s.slot_no <= o.max_running)
+       AND pgd_organization_running(o.id) < o.max_running
        AND (p.max_running IS NULL OR pgd_project_running(p.id) < p.max_running)
-       AND EXISTS (SELECT 1 FROM pool_slots s
-                    WHERE s.pool_id = q.id AND s.job_id IS NULL AND s.slot_no <= q.slots)
+       AND pgd_pool_running(q.id) < q.slots
        AND (j.target_id IS NULL OR t.state = 'free')
      ORDER BY pgd_project_running(p.id)::float8 / p.weight, j.priority DESC, j.id
      LIMIT 1;
@@ -170,8 +196,7 @@ BEGIN
         END IF;
         PERFORM pg_sleep(0.05);
         -- the bug: no project claim lock (its bound is not held), and slots taken whatever the
-        -- limit: the lowest free one at any number (no "slot_no <= limit"), else a new one
-        -- numbered past the highest
+        -- limit: from a stripe with room, else from a full one with its cap raised past it
         UPDATE projects p SET last_claimed_at = now() WHERE p.id = v_job.project_id;
 {slots}        UPDATE jobs j
            SET state = 'running', generation = j.generation + 1,
@@ -180,9 +205,10 @@ BEGIN
         RETURNING * INTO v_job;
         v_lease := clock_timestamp() + make_interval(secs => p_lease_seconds);
         INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
-                              claimed_at, lease_expires_at, last_heartbeat_at)
+                              claimed_at, lease_expires_at, last_heartbeat_at,
+                              organization_stripe, pool_stripe)
         VALUES (v_job.id, v_job.attempts_made, v_job.generation, p_runner_id, p_claim_token,
-                'running', clock_timestamp(), v_lease, now())
+                'running', clock_timestamp(), v_lease, now(), v_org_stripe, v_pool_stripe)
         RETURNING id INTO v_attempt;
         RETURN QUERY SELECT v_job.id, v_attempt, v_job.attempts_made, v_job.generation, v_lease,
                             v_job.project_id, v_job.pool_id, v_job.target_id, v_job.command,
@@ -192,7 +218,7 @@ BEGIN
     END;
 END;
 $$;
-""".replace("{slots}", UNCONDITIONAL_SLOTS_SQL)
+""".replace("{slots}", UNCONDITIONAL_STRIPES_SQL)
 
 
 class ChaosRun:

@@ -4,10 +4,17 @@
 line for each fact that does not hold:
 
 * every project's running count (its running jobs, migration 0011), and the held slots of
-  every organization and pool (migration 0008), equal the running attempts of its jobs;
-* every running job holds exactly one slot of its project's organization and one slot of its
-  pool, and no slot is held by a job that is not running (or by one of another organization
-  or pool);
+  every organization and pool (the sum of its stripes' held counts, migration 0014), equal
+  the running attempts of its jobs;
+* every running attempt holds one slot of its job's organization and one of its pool: it
+  records a stripe of each (``attempts.organization_stripe``, ``pool_stripe``) that exists;
+  and each stripe's held count is the number of running attempts recording it, so no slot
+  is held without a running attempt behind it;
+* the stripes themselves (migration 0014): every organization and pool has exactly
+  ``pgd_capacity_stripes()`` (8) of them, each holding between 0 and its cap; the caps minus
+  what is owed (``capacity_debts``, a row only while something is) equal the limit; while
+  anything is owed every stripe is full (held = cap), so that no claim finds room; and no
+  stripe or debt belongs to an owner that does not exist;
 * a job is ``running`` exactly when it has a running attempt, and that attempt carries the
   job's generation; a running attempt's job is running;
 * ``jobs.attempts_made`` equals its attempts, ``jobs.generation`` the newest attempt's;
@@ -28,12 +35,33 @@ from typing import Any
 VIOLATIONS_SQL = """
 WITH live AS (
     SELECT a.id AS attempt_id, a.job_id, a.generation, p.organization_id AS org_id,
-           j.project_id, j.pool_id
+           j.project_id, j.pool_id, a.organization_stripe AS org_stripe, a.pool_stripe
       FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN projects p ON p.id = j.project_id
      WHERE a.state = 'running'
 ), per_job AS (
     SELECT a.job_id, count(*) AS n, max(a.generation) AS top_generation
       FROM attempts a GROUP BY a.job_id
+), owners AS (
+    SELECT 'organization' AS kind, o.id, o.name, o.max_running AS lim FROM organizations o
+    UNION ALL
+    SELECT 'pool', q.id, q.name, q.slots FROM pools q
+), live_slots AS (
+    -- the slots the running attempts hold: one of the organization, one of the pool each
+    SELECT 'organization' AS kind, live.org_id AS owner_id, live.org_stripe AS stripe_no,
+           live.job_id, live.attempt_id
+      FROM live
+    UNION ALL
+    SELECT 'pool', live.pool_id, live.pool_stripe, live.job_id, live.attempt_id FROM live
+), behind AS (
+    SELECT ls.kind, ls.owner_id, ls.stripe_no, count(*) AS n
+      FROM live_slots ls WHERE ls.stripe_no IS NOT NULL GROUP BY 1, 2, 3
+), per_owner AS (
+    SELECT o.kind, o.id, o.name, o.lim, count(s.stripe_no) AS stripes,
+           coalesce(sum(s.cap), 0) AS caps, coalesce(max(d.owed), 0) AS owed
+      FROM owners o
+      LEFT JOIN capacity_stripes s ON (s.kind, s.owner_id) = (o.kind, o.id)
+      LEFT JOIN capacity_debts d ON (d.kind, d.owner_id) = (o.kind, o.id)
+     GROUP BY o.kind, o.id, o.name, o.lim
 )
 SELECT format('organization %s: held slots %s, running attempts %s',
               o.name, pgd_organization_running(o.id),
@@ -51,34 +79,48 @@ SELECT format('pool %s: held slots %s, running attempts %s',
   FROM pools q
  WHERE pgd_pool_running(q.id) <> (SELECT count(*) FROM live WHERE live.pool_id = q.id)
 UNION ALL
-SELECT format('job %s is running but holds %s slots of its organization %s',
-              j.id, (SELECT count(*) FROM organization_slots s
-                      WHERE s.organization_id = p.organization_id AND s.job_id = j.id), o.name)
-  FROM jobs j JOIN projects p ON p.id = j.project_id JOIN organizations o ON o.id = p.organization_id
- WHERE j.state = 'running'
-   AND (SELECT count(*) FROM organization_slots s
-         WHERE s.organization_id = p.organization_id AND s.job_id = j.id) <> 1
+SELECT format('job %s is running but its attempt %s holds no slot of its %s %s (stripe %s)',
+              ls.job_id, ls.attempt_id, ls.kind, o.name, coalesce(ls.stripe_no::text, 'none'))
+  FROM live_slots ls JOIN owners o ON (o.kind, o.id) = (ls.kind, ls.owner_id)
+ WHERE NOT EXISTS (SELECT 1 FROM capacity_stripes s
+                    WHERE (s.kind, s.owner_id, s.stripe_no)
+                          = (ls.kind, ls.owner_id, ls.stripe_no))
 UNION ALL
-SELECT format('job %s is running but holds %s slots of its pool %s',
-              j.id, (SELECT count(*) FROM pool_slots s WHERE s.pool_id = j.pool_id AND s.job_id = j.id),
-              q.name)
-  FROM jobs j JOIN pools q ON q.id = j.pool_id
- WHERE j.state = 'running'
-   AND (SELECT count(*) FROM pool_slots s WHERE s.pool_id = j.pool_id AND s.job_id = j.id) <> 1
+SELECT format('%s %s: stripe %s holds %s slots, running attempts on it %s',
+              s.kind, o.name, s.stripe_no, s.held, coalesce(b.n, 0))
+  FROM capacity_stripes s JOIN owners o ON (o.kind, o.id) = (s.kind, s.owner_id)
+  LEFT JOIN behind b ON (b.kind, b.owner_id, b.stripe_no) = (s.kind, s.owner_id, s.stripe_no)
+ WHERE s.held <> coalesce(b.n, 0)
 UNION ALL
-SELECT format('organization %s: slot %s is held by job %s, which is %s, of organization %s',
-              o.name, s.slot_no, s.job_id, coalesce(j.state, 'missing'), coalesce(jo.name, '?'))
-  FROM organization_slots s JOIN organizations o ON o.id = s.organization_id
-  LEFT JOIN jobs j ON j.id = s.job_id
-  LEFT JOIN projects p ON p.id = j.project_id LEFT JOIN organizations jo ON jo.id = p.organization_id
- WHERE s.job_id IS NOT NULL
-   AND (j.id IS NULL OR j.state <> 'running' OR p.organization_id <> s.organization_id)
+SELECT format('%s %s: stripe %s holds %s slots of its cap %s', s.kind, o.name, s.stripe_no,
+              s.held, s.cap)
+  FROM capacity_stripes s JOIN owners o ON (o.kind, o.id) = (s.kind, s.owner_id)
+ WHERE s.held < 0 OR s.held > s.cap
 UNION ALL
-SELECT format('pool %s: slot %s is held by job %s, which is %s, of pool %s',
-              q.name, s.slot_no, s.job_id, coalesce(j.state, 'missing'), coalesce(jq.name, '?'))
-  FROM pool_slots s JOIN pools q ON q.id = s.pool_id
-  LEFT JOIN jobs j ON j.id = s.job_id LEFT JOIN pools jq ON jq.id = j.pool_id
- WHERE s.job_id IS NOT NULL AND (j.id IS NULL OR j.state <> 'running' OR j.pool_id <> s.pool_id)
+SELECT format('%s %s has %s stripes, not %s', po.kind, po.name, po.stripes,
+              pgd_capacity_stripes())
+  FROM per_owner po
+ WHERE po.stripes <> pgd_capacity_stripes()
+UNION ALL
+SELECT format('%s %s: stripe caps %s minus %s owed, limit %s', po.kind, po.name, po.caps,
+              po.owed, po.lim)
+  FROM per_owner po
+ WHERE po.caps - po.owed <> po.lim
+UNION ALL
+SELECT format('%s %s owes %s slots but stripe %s has room (held %s of cap %s)', po.kind,
+              po.name, po.owed, s.stripe_no, s.held, s.cap)
+  FROM per_owner po JOIN capacity_stripes s ON (s.kind, s.owner_id) = (po.kind, po.id)
+ WHERE po.owed <> 0 AND s.held < s.cap
+UNION ALL
+SELECT format('%s %s: a debt of %s slots', d.kind, o.name, d.owed)
+  FROM capacity_debts d JOIN owners o ON (o.kind, o.id) = (d.kind, d.owner_id)
+ WHERE d.owed <= 0
+UNION ALL
+SELECT format('%s of %s %s, which does not exist', x.what, x.kind, x.owner_id)
+  FROM (SELECT DISTINCT 'stripes' AS what, s.kind, s.owner_id FROM capacity_stripes s
+        UNION ALL
+        SELECT 'a debt', d.kind, d.owner_id FROM capacity_debts d) x
+ WHERE NOT EXISTS (SELECT 1 FROM owners o WHERE (o.kind, o.id) = (x.kind, x.owner_id))
 UNION ALL
 SELECT format('job %s is running without a running attempt of generation %s', j.id, j.generation)
   FROM jobs j
@@ -128,16 +170,16 @@ def snapshot(conn) -> dict[str, Any]:
         "projects": rows("SELECT id, pgd_project_running(id) AS running, last_claimed_at "
                          "FROM projects ORDER BY id"),
         "pools": rows("SELECT id, pgd_pool_running(id) AS running FROM pools ORDER BY id"),
-        # the held slots, by holder (which free slot a claim takes is not part of the state)
-        "organization_slots": rows("SELECT organization_id, job_id FROM organization_slots "
-                                   "WHERE job_id IS NOT NULL ORDER BY organization_id, job_id"),
-        "pool_slots": rows("SELECT pool_id, job_id FROM pool_slots "
-                           "WHERE job_id IS NOT NULL ORDER BY pool_id, job_id"),
+        # the slots held, per stripe, with each stripe's cap, and what is owed (which stripe
+        # a running attempt holds its slots in is in its row below)
+        "stripes": rows("SELECT kind, owner_id, stripe_no, cap, held FROM capacity_stripes "
+                        "ORDER BY kind, owner_id, stripe_no"),
+        "debts": rows("SELECT kind, owner_id, owed FROM capacity_debts ORDER BY kind, owner_id"),
         "targets": rows("SELECT id, state, holder_job_id, held_since FROM targets ORDER BY id"),
         "jobs": rows("SELECT id, state, generation, attempts_made, failures, ready_at, "
                      "finished_at, last_error, pending_dependencies FROM jobs ORDER BY id"),
         "attempts": rows("SELECT id, job_id, generation, state, lease_expires_at, finished_at, "
-                         "exit_code FROM attempts ORDER BY id"),
+                         "exit_code, organization_stripe, pool_stripe FROM attempts ORDER BY id"),
         "receipts": rows("SELECT key, attempt_id, outcome FROM delivery_receipts ORDER BY key"),
     }
 

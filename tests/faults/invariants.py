@@ -9,8 +9,8 @@ means the database is consistent.
 
 The interval checks use ``attempts.[claimed_at, finished_at)``, stamped with
 ``clock_timestamp()`` while the job holds its project count (under the project row lock) and
-its organization and pool slots (row-locked from their taking or release to the commit) by
-pgd_claim, pgd_complete and pgd_expire_one (see tests/concurrency/harness.py,
+its organization and pool slots (their stripes row-locked from the slot's taking or release to
+the commit) by pgd_claim, pgd_complete and pgd_expire_one (see tests/concurrency/harness.py,
 ``max_overlaps``), so a sweep over them shows how many attempts really held a slot at once.
 The limits are the ones configured *now*: an operator who lowers a limit below what once ran
 would make the sweep report the past as a violation; the fault tests never lower a limit.
@@ -34,7 +34,9 @@ CHECKS = (
     "attempt_overlap",    # a job's attempts never overlap in time
     "succeeded_once",     # at most one succeeded attempt per job, and only for a succeeded job
     "counters",           # project counters and held org/pool slots equal the running
-                          # attempts behind them; one slot per running job, none otherwise
+                          # attempts behind them, stripe by stripe; one slot per running job
+    "stripes",            # every owner's 8 stripes: 0 <= held <= cap, caps - owed = limit,
+                          # all full while anything is owed
     "capacity_overlap",   # the sweep of attempt intervals never exceeds a configured limit
     "target_holder",      # held/uncertain target <=> exactly one running/uncertain holder job
     "target_overlap",     # no two deployment attempts to one target overlapped in time
@@ -56,7 +58,7 @@ def check_invariants(conn) -> list[str]:
         out: list[str] = []
         for check in (_job_state, _job_columns, _finished_at, _running_attempt,
                       _attempt_numbering, _attempt_overlap, _succeeded_once, _counters,
-                      _capacity_overlap, _target_holder, _target_overlap, _receipts,
+                      _stripes, _capacity_overlap, _target_holder, _target_overlap, _receipts,
                       _dependencies):
             out += check(conn, snap)
     return out
@@ -72,8 +74,21 @@ class _Snapshot:
                    j.started_at, j.finished_at, p.organization_id AS org_id
               FROM jobs j JOIN projects p ON p.id = j.project_id""").fetchall()}
         self.attempts = conn.execute("""
-            SELECT id, job_id, attempt_no, generation, state, claimed_at, finished_at
+            SELECT id, job_id, attempt_no, generation, state, claimed_at, finished_at,
+                   organization_stripe, pool_stripe
               FROM attempts ORDER BY job_id, claimed_at, id""").fetchall()
+        # every organization and pool with its limit, and its stripes and debt (migration 0014)
+        self.owners = {(r["kind"], r["id"]): r for r in conn.execute("""
+            SELECT 'organization' AS kind, id, name, max_running AS lim FROM organizations
+            UNION ALL
+            SELECT 'pool', id, name, slots FROM pools""").fetchall()}
+        self.stripes = conn.execute("""
+            SELECT kind, owner_id, stripe_no, cap, held FROM capacity_stripes
+             ORDER BY kind, owner_id, stripe_no""").fetchall()
+        self.debts = {(r["kind"], r["owner_id"]): r["owed"] for r in conn.execute(
+            "SELECT kind, owner_id, owed FROM capacity_debts").fetchall()}
+        self.stripes_per_owner = conn.execute(
+            "SELECT pgd_capacity_stripes() AS n").fetchone()["n"]
         self.by_job: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for a in self.attempts:
             self.by_job[a["job_id"]].append(a)
@@ -192,12 +207,21 @@ def _succeeded_once(conn, s: _Snapshot) -> list[str]:
     return out
 
 
+# the job column naming an attempt's owner of each kind, and the attempt column naming the
+# stripe it holds that owner's slot in
+SLOT_OWNERS = (("organization", "org_id", "organization_stripe"),
+               ("pool", "pool_id", "pool_stripe"))
+
+
 def _counters(conn, s: _Snapshot) -> list[str]:
     """Projects count their jobs in state running (``pgd_project_running``, migration 0011);
-    organizations and pools hold one slot per running job (migration 0008): each running job holds exactly one slot of its project's
-    organization and one of its pool, no other job holds one, and the held slots of each
-    (``pgd_organization_running`` / ``pgd_pool_running``) equal its running attempts."""
-    live = [s.jobs[a["job_id"]] for a in s.attempts
+    organizations and pools hold one slot per running attempt, in stripes (migration 0014):
+    the held slots of each (``pgd_organization_running`` / ``pgd_pool_running``) equal its
+    running attempts; each running job's running attempt holds exactly one slot of its
+    project's organization and one of its pool (it records a stripe of each that exists);
+    and each stripe's held count is the number of running attempts recording it, so no slot
+    is held without a running attempt behind it."""
+    live = [(a, s.jobs[a["job_id"]]) for a in s.attempts
             if a["state"] == "running" and a["job_id"] in s.jobs]
     out = []
     for kind, sql, key in (
@@ -208,35 +232,69 @@ def _counters(conn, s: _Snapshot) -> list[str]:
             ("pool", "SELECT id, name, pgd_pool_running(id) AS running FROM pools ORDER BY id",
              "pool_id")):
         behind: dict[int, int] = defaultdict(int)
-        for j in live:
+        for _, j in live:
             behind[j[key]] += 1
         counts = "counts {} running" if kind == "project" else "holds {} slots"
         for r in conn.execute(sql).fetchall():
             if r["running"] != behind.get(r["id"], 0):
                 out.append(f"counters: {kind} {r['name']} {counts.format(r['running'])} but "
                            f"{behind.get(r['id'], 0)} attempts are running")
-    for kind, sql, key in (
-            ("organization", "SELECT s.organization_id AS owner, o.name, s.slot_no, s.job_id "
-                             "FROM organization_slots s JOIN organizations o "
-                             "ON o.id = s.organization_id WHERE s.job_id IS NOT NULL", "org_id"),
-            ("pool", "SELECT s.pool_id AS owner, q.name, s.slot_no, s.job_id "
-                     "FROM pool_slots s JOIN pools q ON q.id = s.pool_id "
-                     "WHERE s.job_id IS NOT NULL", "pool_id")):
-        held: dict[int, list[dict[str, Any]]] = defaultdict(list)
-        for slot in conn.execute(sql).fetchall():
-            job = s.jobs.get(slot["job_id"])
-            if job is None or job["state"] != "running" or job[key] != slot["owner"]:
-                why = ("which does not exist" if job is None
-                       else f"which is {job['state']}" if job["state"] != "running"
-                       else f"a running job of another {kind}")
-                out.append(f"counters: {kind} {slot['name']} slot {slot['slot_no']} is held by "
-                           f"job {slot['job_id']}, {why}")
+    stripes = {(r["kind"], r["owner_id"], r["stripe_no"]): r for r in s.stripes}
+    for kind, key, column in SLOT_OWNERS:
+        on_stripe: dict[tuple[int, int], int] = defaultdict(int)
+        holding: dict[int, int] = defaultdict(int)  # running job -> its slots of this kind
+        for a, j in live:
+            if (kind, j[key], a[column]) in stripes:
+                on_stripe[(j[key], a[column])] += 1
+                holding[j["id"]] += 1
             else:
-                held[slot["job_id"]].append(slot)
+                out.append(f"counters: running attempt {a['id']} of job {j['id']} records "
+                           f"{kind} stripe {a[column]}, which its {kind} does not have")
+        for (k, owner, no), st in stripes.items():
+            if k == kind and st["held"] != on_stripe.get((owner, no), 0):
+                name = s.owners.get((kind, owner), {}).get("name", f"#{owner}")
+                out.append(f"counters: {kind} {name} stripe {no} holds {st['held']} slots but "
+                           f"{on_stripe.get((owner, no), 0)} running attempts record it")
         for j in s.jobs.values():
-            if j["state"] == "running" and len(held.get(j["id"], [])) != 1:
-                out.append(f"counters: running job {j['id']} holds {len(held.get(j['id'], []))} "
+            if j["state"] == "running" and holding.get(j["id"], 0) != 1:
+                out.append(f"counters: running job {j['id']} holds {holding.get(j['id'], 0)} "
                            f"slots of its {kind}")
+    return out
+
+
+def _stripes(conn, s: _Snapshot) -> list[str]:
+    """The capacity of each organization and pool as stripes (migration 0014): exactly
+    ``pgd_capacity_stripes()`` of them, each holding 0 to its cap; the caps minus what is owed
+    equal the limit now configured (a lowering below the held slots is owed, so this holds
+    whatever the limits did before); while anything is owed every stripe is full, so that no
+    claim finds room; a debt is more than nothing; no stripe or debt of an owner that does
+    not exist."""
+    out = []
+    by_owner: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    for st in s.stripes:
+        by_owner[(st["kind"], st["owner_id"])].append(st)
+    for (kind, owner_id), o in sorted(s.owners.items()):
+        mine = by_owner.get((kind, owner_id), [])
+        owed = s.debts.get((kind, owner_id), 0)
+        name = f"{kind} {o['name']}"
+        if len(mine) != s.stripes_per_owner:
+            out.append(f"stripes: {name} has {len(mine)} stripes, not {s.stripes_per_owner}")
+        for st in mine:
+            if not 0 <= st["held"] <= st["cap"]:
+                out.append(f"stripes: {name} stripe {st['stripe_no']} holds {st['held']} slots "
+                           f"of its cap {st['cap']}")
+            if owed and st["held"] < st["cap"]:
+                out.append(f"stripes: {name} owes {owed} slots but stripe {st['stripe_no']} "
+                           f"has room (held {st['held']} of cap {st['cap']})")
+        caps = sum(st["cap"] for st in mine)
+        if caps - owed != o["lim"]:
+            out.append(f"stripes: {name}: caps {caps} minus {owed} owed, but the limit is "
+                       f"{o['lim']}")
+        if (kind, owner_id) in s.debts and owed <= 0:
+            out.append(f"stripes: {name} has a debt of {owed} slots")
+    for kind, owner_id in sorted(set(by_owner) | set(s.debts)):
+        if (kind, owner_id) not in s.owners:
+            out.append(f"stripes: stripes or a debt of {kind} {owner_id}, which does not exist")
     return out
 
 

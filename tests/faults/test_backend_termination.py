@@ -3,21 +3,22 @@
 A test-only pause point (tests/faults/pause_point.py), installed in the test's database and
 nowhere else: a trigger on ``attempts`` (BEFORE INSERT for a claim, BEFORE UPDATE for a
 completion or an expiry) that waits for an advisory lock the test holds. Every transition
-writes its attempt row last (migrations 0008 and 0011: after the job's organization and pool
-slots), so it stalls there having taken — and changed — its job, target and slot rows (and a
-claim its project's claim lock and, for the tie-break stamp, its project row): a claim has
-set the job id on a free organization slot and a free pool slot, a completion or an expiry
-has freed the job's two slots. The organization
-and pool rows themselves are no longer locked by any of them. The test proves the locks are
-held (and those rows free), then kills the session with ``pg_terminate_backend`` from
-another connection, releases the lock, and checks that nothing was half-applied: the stored
-state (held slots included) is exactly what it was before, every project's running jobs and
-every organization's and pool's held slots equal the running attempts behind them, every target is
-held exactly when a running or uncertain deployment holds it — and the same transition then
-goes through.
+writes its attempt row last (migrations 0011 and 0014: after the organization and pool
+stripes), so it stalls there having taken — and changed — its job, target and stripe rows
+(and a claim its project's claim lock and, for the tie-break stamp, its project row): a
+claim has added a slot to the held count of one organization stripe with room and of one
+pool stripe with room, a completion or an expiry has subtracted the job's two slots from the
+stripes its attempt records. The organization and pool rows themselves are not locked by any
+of them. The test proves the locks are held (and those rows free), then kills the session
+with ``pg_terminate_backend`` from another connection, releases the lock, and checks that
+nothing was half-applied: the stored state (stripes, held counts and the attempts' stripes
+included) is exactly what it was before, every project's running jobs and every
+organization's and pool's held slots equal the running attempts behind them, stripe by
+stripe, every target is held exactly when a running or uncertain deployment holds it — and
+the same transition then goes through.
 
 The checker (tests/faults/consistency.py) is shown catching a claim written as separate
-autocommit statements, killed at the same point.
+autocommit statements, killed at the same point, and stripes broken directly.
 """
 
 from __future__ import annotations
@@ -84,52 +85,72 @@ def locked_rows(conn, rows: dict[str, int]) -> list[str]:
     return held
 
 
-SLOT_TABLES = (("organization_slots", "organization_id"), ("pool_slots", "pool_id"))
+KINDS_OF_OWNER = ("organization", "pool")
 
 
-def locked_slots(conn, owners: dict[str, int]) -> dict[str, list[int | None]]:
-    """The slot rows of ``{"organization_slots": org_id, "pool_slots": pool_id}`` another
-    session holds a row lock on, each named by its holder as committed (None: a free slot).
+def locked_stripes(conn, owners: dict[str, int]) -> dict[str, list[int]]:
+    """The stripe numbers of ``{"organization": org_id, "pool": pool_id}`` another session
+    holds a row lock on.
 
-    Every slot of the owner, minus those this session can lock (FOR UPDATE SKIP LOCKED, in a
-    transaction rolled back at once): a claim's or a release's slot is row-locked until it
-    commits, while its new ``job_id`` is not visible to anyone else yet."""
+    Every stripe of the owner, minus those this session can lock (FOR UPDATE SKIP LOCKED, in
+    a transaction rolled back at once): the stripe a claim takes a slot from or a release
+    gives one back to is row-locked until it commits, while its new held count is not
+    visible to anyone else yet."""
     out = {}
-    for table, owner_col in SLOT_TABLES:
+    for kind in KINDS_OF_OWNER:
         with conn.transaction(force_rollback=True):
-            every = conn.execute(f"SELECT slot_no, job_id FROM {table} WHERE {owner_col} = %s "
-                                 "ORDER BY slot_no", (owners[table],)).fetchall()
-            lockable = {r["slot_no"] for r in conn.execute(
-                f"SELECT slot_no FROM {table} WHERE {owner_col} = %s FOR UPDATE SKIP LOCKED",
-                (owners[table],)).fetchall()}
-        out[table] = [r["job_id"] for r in every if r["slot_no"] not in lockable]
+            every = conn.execute("SELECT stripe_no FROM capacity_stripes "
+                                 "WHERE kind = %s AND owner_id = %s ORDER BY stripe_no",
+                                 (kind, owners[kind])).fetchall()
+            lockable = {r["stripe_no"] for r in conn.execute(
+                "SELECT stripe_no FROM capacity_stripes WHERE kind = %s AND owner_id = %s "
+                "FOR UPDATE SKIP LOCKED", (kind, owners[kind])).fetchall()}
+        out[kind] = [r["stripe_no"] for r in every if r["stripe_no"] not in lockable]
+    return out
+
+
+def first_stripes_with_room(conn, owners: dict[str, int], pid: int) -> dict[str, list[int]]:
+    """The stripe a claim by backend ``pid`` takes a slot from, of the organization and of
+    the pool: the first with room (held < cap, as committed) in that backend's order
+    (pgd_stripe_order: stripe number plus pid, modulo the stripes)."""
+    out = {}
+    for kind in KINDS_OF_OWNER:
+        row = conn.execute("""
+            SELECT stripe_no FROM capacity_stripes
+             WHERE kind = %s AND owner_id = %s AND held < cap
+             ORDER BY (stripe_no + %s) %% pgd_capacity_stripes() LIMIT 1""",
+                           (kind, owners[kind], pid)).fetchone()
+        out[kind] = [row["stripe_no"]] if row else []
     return out
 
 
 def kill_mid_transition(world, db_url, fn: Callable[[Any], Any], rows: dict[str, int],
-                        slots: dict[str, list[int | None]], owners: dict[str, int]):
+                        stripes: dict[str, list[int]] | Callable[[int], dict[str, list[int]]],
+                        owners: dict[str, int]):
     """Run ``fn`` until it stalls at the pause point, show it holds ``rows`` and, of the
-    slots of ``owners`` (see ``locked_slots``), exactly ``slots`` (by committed holder), and
-    that the organization and pool rows are not locked; kill its session, open the pause
-    point; returns the victim (its error says how it ended)."""
-    hot_rows = {"organizations": owners["organization_slots"], "pools": owners["pool_slots"]}
+    stripes of ``owners`` (see ``locked_stripes``), exactly ``stripes`` (or
+    ``stripes(victim_pid)``), and that the organization and pool rows are not locked; kill
+    its session, open the pause point; returns the victim (its error says how it ended)."""
+    hot_rows = {"organizations": owners["organization"], "pools": owners["pool"]}
     pause_point.shut(world.conn)
     try:
-        victim = PausedTransition(db_url, fn).start()
+        victim = PausedTransition(db_url, fn)
+        expected = stripes(victim.pid) if callable(stripes) else stripes
+        victim.start()
         pause_point.wait_paused(world.conn, victim.pid)
         assert locked_rows(world.conn, rows) == list(rows), \
             "the transition should stall holding every row of its lock order"
-        assert locked_slots(world.conn, owners) == slots, \
-            "the transition should stall holding the slots it takes or frees, and no other"
+        assert locked_stripes(world.conn, owners) == expected, \
+            "the transition should stall holding the stripes it takes or frees slots in, no other"
         assert locked_rows(world.conn, hot_rows) == [], \
-            "no transition locks the organization or pool row (migration 0008)"
+            "no transition locks the organization or pool row (migrations 0008, 0014)"
         terminate(world.conn, victim.pid)
         victim.join()
     finally:
         pause_point.open_(world.conn)
     assert locked_rows(world.conn, rows) == [], "locks must go with the session"
-    assert locked_slots(world.conn, owners) == {t: [] for t, _ in SLOT_TABLES}, \
-        "slot locks must go with the session"
+    assert locked_stripes(world.conn, owners) == {k: [] for k in KINDS_OF_OWNER}, \
+        "stripe locks must go with the session"
     return victim
 
 
@@ -138,7 +159,8 @@ def setup_world(world, kind: str) -> dict[str, Any]:
 
     ``rows``: the rows of the lock order every transition of this job holds by id (job,
     target); ``project``: the project's id (a claim also holds its row, for the tie-break
-    stamp); ``owners``: whose slots it takes or frees (the organization's and the pool's)."""
+    stamp); ``owners``: whose stripes it takes or frees slots in (the organization's and the
+    pool's)."""
     world.setup(org_limit=3, pool_slots=2, project_limit=2, targets=("production",))
     # every transition writes its attempt row last: a claim inserts it, a completion or an
     # expiry updates it
@@ -149,22 +171,36 @@ def setup_world(world, kind: str) -> dict[str, Any]:
     ids = {"jobs": job["id"]}
     if target:
         ids["targets"] = c.execute("SELECT id FROM targets").fetchone()["id"]
-    owners = {"organization_slots": c.execute("SELECT id FROM organizations").fetchone()["id"],
-              "pool_slots": c.execute("SELECT id FROM pools").fetchone()["id"]}
+    owners = {"organization": c.execute("SELECT id FROM organizations").fetchone()["id"],
+              "pool": c.execute("SELECT id FROM pools").fetchone()["id"]}
     return {"job": job, "runner": world.runner(slots=4), "rows": ids, "owners": owners,
             "project": c.execute("SELECT id FROM projects").fetchone()["id"]}
 
 
-def slots_of(world, w) -> dict[str, list[int | None]]:
-    """The committed holders of every held slot of the world's organization and pool."""
+def held_of(world, w) -> dict[str, dict[int, int]]:
+    """The committed held count of every stripe of the world's organization and pool that
+    holds a slot, by stripe number."""
     out = {}
-    for table, owner_col in SLOT_TABLES:
-        out[table] = [r["job_id"] for r in world.conn.execute(
-            f"SELECT job_id FROM {table} WHERE {owner_col} = %s AND job_id IS NOT NULL "
-            "ORDER BY slot_no", (w["owners"][table],)).fetchall()]
+    for kind in KINDS_OF_OWNER:
+        out[kind] = {r["stripe_no"]: r["held"] for r in world.conn.execute(
+            "SELECT stripe_no, held FROM capacity_stripes "
+            "WHERE kind = %s AND owner_id = %s AND held > 0 ORDER BY stripe_no",
+            (kind, w["owners"][kind])).fetchall()}
     return out
 
 
+def stripes_of(world, attempt_id: int) -> dict[str, list[int]]:
+    """The organization stripe and the pool stripe attempt ``attempt_id`` holds its slots in."""
+    row = world.row("attempts", attempt_id)
+    return {"organization": [row["organization_stripe"]], "pool": [row["pool_stripe"]]}
+
+
+def one_slot_each(stripes: dict[str, list[int]]) -> dict[str, dict[int, int]]:
+    """The held counts of ``stripes_of`` an attempt when it is the only one running."""
+    return {kind: {no: 1 for no in nos} for kind, nos in stripes.items()}
+
+
+NOTHING_HELD = {"organization": {}, "pool": {}}
 KINDS = ["build", "deployment"]
 
 
@@ -178,23 +214,24 @@ def test_claim_killed_half_way_leaves_nothing_behind(world, db_url, kind):
         return transitions.claim(conn, runner_id=w["runner"], pools=pools,
                                  claim_token=transitions.new_claim_token(), lease_seconds=30)
 
-    # stalled holding one free slot of the organization and one of the pool, both already
-    # given to the job (not visible to others until the commit)
-    free = {"organization_slots": [None], "pool_slots": [None]}
+    # stalled holding one stripe of the organization and one of the pool, the first with
+    # room in its backend's order, each already holding one more slot (not visible to
+    # others until the commit)
     victim = kill_mid_transition(world, db_url, claim, w["rows"] | {"projects": w["project"]},
-                                 free, w["owners"])
+                                 lambda pid: first_stripes_with_room(world.conn, w["owners"], pid),
+                                 w["owners"])
     assert isinstance(victim.error, DatabaseUnavailable), victim.error
     assert consistency.snapshot(world.conn) == before
     assert consistency.violations(world.conn) == []
     assert world.row("jobs", w["job"]["id"])["state"] == "queued"
-    assert slots_of(world, w) == {"organization_slots": [], "pool_slots": []}
+    assert held_of(world, w) == NOTHING_HELD
 
     # the job is still there to claim, and the claim is whole
     c = world.claim(w["runner"])
     assert c is not None and c.job_id == w["job"]["id"] and c.generation == 1
     assert consistency.violations(world.conn) == []
     assert world.counters() == {"org": 1, "project": 1, "pool": 1, "attempts": 1}
-    assert slots_of(world, w) == {"organization_slots": [c.job_id], "pool_slots": [c.job_id]}
+    assert held_of(world, w) == one_slot_each(stripes_of(world, c.attempt_id))
     assert world.complete(c)["job_state"] == "succeeded"
     assert consistency.violations(world.conn) == []
     assert consistency.history_violations(world.conn) == []
@@ -212,18 +249,20 @@ def test_completion_killed_half_way_leaves_nothing_behind(world, db_url, kind, o
         return world.complete(c, outcome=outcome, exit_code=0 if outcome == "succeeded" else 1,
                               conn=conn)
 
-    # stalled holding the job's two slots, already freed (not visible to others yet)
-    held = slots_of(world, w)
-    assert held == {"organization_slots": [c.job_id], "pool_slots": [c.job_id]}
+    # stalled holding the two stripes the attempt holds its slots in, both already given
+    # back (not visible to others yet)
+    mine = stripes_of(world, c.attempt_id)
+    held = held_of(world, w)
+    assert held == one_slot_each(mine)
     victim = kill_mid_transition(world, db_url, complete, w["rows"] | {"attempts": c.attempt_id},
-                                 held, w["owners"])
+                                 mine, w["owners"])
     assert isinstance(victim.error, DatabaseUnavailable), victim.error
-    # the slots it had already freed, the job and target it had already moved on: all
+    # the slots it had already given back, the job and target it had already moved on: all
     # rolled back with the session
     assert consistency.snapshot(world.conn) == before
     assert consistency.violations(world.conn) == []
     assert world.counters() == {"org": 1, "project": 1, "pool": 1, "attempts": 1}
-    assert slots_of(world, w) == held
+    assert held_of(world, w) == held
 
     # the runner's retry with the same receipt key is the first delivery, not a repeat
     result = world.complete(c, outcome=outcome, exit_code=0 if outcome == "succeeded" else 1)
@@ -232,7 +271,7 @@ def test_completion_killed_half_way_leaves_nothing_behind(world, db_url, kind, o
     assert consistency.violations(world.conn) == []
     assert consistency.history_violations(world.conn) == []
     assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
-    assert slots_of(world, w) == {"organization_slots": [], "pool_slots": []}
+    assert held_of(world, w) == NOTHING_HELD
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -242,16 +281,18 @@ def test_expiry_killed_half_way_leaves_nothing_behind(world, db_url, kind):
     world.expire_now(c.attempt_id)
     before = consistency.snapshot(world.conn)
 
-    # stalled holding the job's two slots, already freed (not visible to others yet)
-    held = slots_of(world, w)
-    assert held == {"organization_slots": [c.job_id], "pool_slots": [c.job_id]}
+    # stalled holding the two stripes the attempt holds its slots in, both already given
+    # back (not visible to others yet)
+    mine = stripes_of(world, c.attempt_id)
+    held = held_of(world, w)
+    assert held == one_slot_each(mine)
     victim = kill_mid_transition(world, db_url, lambda conn: transitions.expire_one(conn),
-                                 w["rows"] | {"attempts": c.attempt_id}, held, w["owners"])
+                                 w["rows"] | {"attempts": c.attempt_id}, mine, w["owners"])
     assert isinstance(victim.error, DatabaseUnavailable), victim.error
     assert consistency.snapshot(world.conn) == before
     assert consistency.violations(world.conn) == []
     assert world.row("attempts", c.attempt_id)["state"] == "running"
-    assert slots_of(world, w) == held
+    assert held_of(world, w) == held
 
     # the next expiry pass ends the lease, once (no backoff, so the job is claimable at once)
     done = transitions.expire_leases(world.conn, backoff_base_seconds=0.001,
@@ -261,7 +302,7 @@ def test_expiry_killed_half_way_leaves_nothing_behind(world, db_url, kind):
         ("lost" if kind == "deployment" else "expired")
     assert consistency.violations(world.conn) == []
     assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
-    assert slots_of(world, w) == {"organization_slots": [], "pool_slots": []}
+    assert held_of(world, w) == NOTHING_HELD
     if kind == "deployment":
         assert world.row("targets", w["rows"]["targets"])["state"] == "uncertain"
         transitions.resolve_target(world.conn, target="production", outcome="retry",
@@ -277,29 +318,33 @@ def test_expiry_killed_half_way_leaves_nothing_behind(world, db_url, kind):
 def claim_in_two_steps(conn, *, job_id: int, runner_id: int) -> None:
     """A deliberately broken claim: capacity and the job taken in autocommit statements
     (each committed on its own), the attempt inserted afterwards. The reservations are
-    pgd_claim's (migration 0008), in its order: a free organization slot and a free pool
-    slot, each taken SKIP LOCKED and given the job."""
+    pgd_claim's (migration 0014), in its order: a slot of the organization and one of the
+    pool, each from a stripe with room taken SKIP LOCKED and added to its held count; the
+    attempt would record both stripes."""
     ids = conn.execute("""SELECT j.project_id, j.pool_id, p.organization_id AS org_id
                             FROM jobs j JOIN projects p ON p.id = j.project_id
                            WHERE j.id = %s""", (job_id,)).fetchone()
-    for table, owner_col, owner in (("organization_slots", "organization_id", ids["org_id"]),
-                                    ("pool_slots", "pool_id", ids["pool_id"])):
-        taken = conn.execute(f"""
-            UPDATE {table} s SET job_id = %(job)s
-             WHERE (s.{owner_col}, s.slot_no) = (
-                   SELECT f.{owner_col}, f.slot_no FROM {table} f
-                    WHERE f.{owner_col} = %(owner)s AND f.job_id IS NULL
-                    ORDER BY f.slot_no
-                    LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)""",
-                             {"job": job_id, "owner": owner})
-        assert taken.rowcount == 1, f"no free slot in {table}"
+    taken = {}
+    for kind, owner in (("organization", ids["org_id"]), ("pool", ids["pool_id"])):
+        row = conn.execute("""
+            UPDATE capacity_stripes s SET held = s.held + 1
+             WHERE (s.kind, s.owner_id, s.stripe_no) = (
+                   SELECT f.kind, f.owner_id, f.stripe_no FROM capacity_stripes f
+                    WHERE f.kind = %(kind)s AND f.owner_id = %(owner)s AND f.held < f.cap
+                    ORDER BY f.stripe_no
+                    LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)
+            RETURNING s.stripe_no""", {"kind": kind, "owner": owner}).fetchone()
+        assert row is not None, f"no {kind} stripe with room"
+        taken[kind] = row["stripe_no"]
     conn.execute("UPDATE jobs SET state = 'running', generation = generation + 1, "
                  "attempts_made = attempts_made + 1 WHERE id = %s", (job_id,))
     conn.execute("""INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token,
-                                          state, claimed_at, lease_expires_at)
+                                          state, claimed_at, lease_expires_at,
+                                          organization_stripe, pool_stripe)
                     SELECT id, attempts_made, generation, %s, gen_random_uuid(), 'running',
-                           clock_timestamp(), clock_timestamp() + interval '30 seconds'
-                      FROM jobs WHERE id = %s""", (runner_id, job_id))
+                           clock_timestamp(), clock_timestamp() + interval '30 seconds', %s, %s
+                      FROM jobs WHERE id = %s""",
+                 (runner_id, taken["organization"], taken["pool"], job_id))
 
 
 def test_checker_catches_a_claim_split_over_autocommit_statements(world, db_url):
@@ -311,20 +356,104 @@ def test_checker_catches_a_claim_split_over_autocommit_statements(world, db_url)
         return claim_in_two_steps(conn, job_id=job_id, runner_id=w["runner"])
 
     # the broken claim holds nothing while it waits: its first statements already committed
-    nothing = {"organization_slots": [], "pool_slots": []}
+    nothing = {"organization": [], "pool": []}
     victim = kill_mid_transition(world, db_url, broken, {}, nothing, w["owners"])
     assert isinstance(victim.error, psycopg.OperationalError), victim.error
     assert consistency.snapshot(world.conn) != before
-    # the slots stay taken by the job, which is running without an attempt
-    assert slots_of(world, w) == {"organization_slots": [job_id], "pool_slots": [job_id]}
+    # the slots stay held (the first stripe with room of each), by no attempt: the job is
+    # running without one
+    assert held_of(world, w) == {"organization": {1: 1}, "pool": {1: 1}}
     found = consistency.violations(world.conn)
     assert "organization acme: held slots 1, running attempts 0" in found
     assert "project web: running jobs 1, running attempts 0" in found
     assert "pool linux: held slots 1, running attempts 0" in found
+    assert "organization acme: stripe 1 holds 1 slots, running attempts on it 0" in found
+    assert "pool linux: stripe 1 holds 1 slots, running attempts on it 0" in found
     assert f"job {job_id} is running without a running attempt of generation 1" in found
     assert (f"job {job_id}: attempts_made 1, generation 1, but 0 attempts up to generation 0"
             in found)
-    assert len(found) == 5, found
+    assert len(found) == 7, found
+
+
+# the CHECK (owed > 0) of capacity_debts, dropped to write a debt of nothing
+DROP_OWED_CHECK = """
+DO $$
+DECLARE c text;
+BEGIN
+    FOR c IN SELECT conname FROM pg_constraint
+              WHERE conrelid = 'capacity_debts'::regclass AND contype = 'c'
+                AND pg_get_constraintdef(oid) LIKE '%owed%'
+    LOOP
+        EXECUTE format('ALTER TABLE capacity_debts DROP CONSTRAINT %I', c);
+    END LOOP;
+END $$"""
+
+
+def test_checker_catches_broken_stripes(world):
+    """The stripe clauses (migration 0014), each on stripes or attempts changed directly, as
+    a broken claim, release or limit change would leave them: a slot given back to the
+    wrong stripe, a running attempt that records no stripe, caps that do not add up to the
+    limit, room while slots are owed, a missing stripe, an empty debt, and stripes of an
+    owner that does not exist. Each is undone before the next."""
+    w = setup_world(world, "build")
+    c = world.claim(w["runner"])
+    mine = stripes_of(world, c.attempt_id)
+    org, pool = mine["organization"][0], mine["pool"][0]
+    other = next(s for s in (1, 2, 3) if s != org)  # another organization stripe with room
+    assert consistency.violations(world.conn) == []
+
+    def caught(corrupt: list[str], undo: list[str], lines: list[str]) -> None:
+        with world.conn.transaction():
+            for sql in corrupt:
+                world.conn.execute(sql)
+        try:
+            assert sorted(consistency.violations(world.conn)) == sorted(lines)
+        finally:
+            with world.conn.transaction():
+                for sql in undo:
+                    world.conn.execute(sql)
+        assert consistency.violations(world.conn) == []
+
+    def add(kind: str, stripe_no: int, column: str, n: int) -> str:
+        return (f"UPDATE capacity_stripes SET {column} = {column} + ({n}) "
+                f"WHERE kind = '{kind}' AND stripe_no = {stripe_no}")
+
+    # the running attempt's organization slot given back to another stripe (held counts
+    # still sum to the running attempts)
+    caught([add("organization", org, "held", -1), add("organization", other, "held", 1)],
+           [add("organization", org, "held", 1), add("organization", other, "held", -1)],
+           [f"organization acme: stripe {org} holds 0 slots, running attempts on it 1",
+            f"organization acme: stripe {other} holds 1 slots, running attempts on it 0"])
+    # the running attempt records no pool stripe, its slot held all the same
+    caught([f"UPDATE attempts SET pool_stripe = NULL WHERE id = {c.attempt_id}"],
+           [f"UPDATE attempts SET pool_stripe = {pool} WHERE id = {c.attempt_id}"],
+           [f"job {c.job_id} is running but its attempt {c.attempt_id} holds no slot of its "
+            f"pool linux (stripe none)",
+            f"pool linux: stripe {pool} holds 1 slots, running attempts on it 0"])
+    # a cap raised past the limit (4 slots of acme's limit 3 claimable)
+    caught([add("organization", 8, "cap", 1)], [add("organization", 8, "cap", -1)],
+           ["organization acme: stripe caps 4 minus 0 owed, limit 3"])
+    # a slot owed (and a cap raised by as much, so that the caps minus what is owed still
+    # equal the limit) while stripes have room: a claim would take a slot due for retiring
+    caught(["INSERT INTO capacity_debts (kind, owner_id, owed) "
+            f"VALUES ('pool', {w['owners']['pool']}, 1)", add("pool", 8, "cap", 1)],
+           ["DELETE FROM capacity_debts", add("pool", 8, "cap", -1)],
+           [f"pool linux owes 1 slots but stripe {s} has room (held 0 of cap 1)"
+            for s in sorted({1, 2, 8} - {pool})])
+    # a stripe missing (with no cap, so that the caps still add up)
+    caught(["DELETE FROM capacity_stripes WHERE kind = 'pool' AND stripe_no = 5"],
+           [f"INSERT INTO capacity_stripes (kind, owner_id, stripe_no, cap) "
+            f"VALUES ('pool', {w['owners']['pool']}, 5, 0)"],
+           ["pool linux has 7 stripes, not 8"])
+    # an empty debt, and stripes of an organization that does not exist
+    caught([DROP_OWED_CHECK,
+            "INSERT INTO capacity_debts (kind, owner_id, owed) "
+            f"VALUES ('organization', {w['owners']['organization']}, 0)",
+            "INSERT INTO capacity_stripes (kind, owner_id, stripe_no, cap) "
+            "VALUES ('organization', 999, 1, 0)"],
+           ["DELETE FROM capacity_debts", "DELETE FROM capacity_stripes WHERE owner_id = 999"],
+           ["organization acme: a debt of 0 slots",
+            "stripes of organization 999, which does not exist"])
 
 
 def test_checker_catches_a_target_left_held(world):

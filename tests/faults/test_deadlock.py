@@ -1,8 +1,9 @@
 """Deadlocks (issue 3): a real one is retried; the production transitions make none.
 
-1. An operator-like action written only for this test locks the job's organization slot and
-   then the job — the reverse of the documented order — while a completion (job → target →
-   attempt → project → organization slot → pool slot, migration 0008) runs on the same job. The two wait for each other; PostgreSQL
+1. An operator-like action written only for this test locks the stripe holding the job's
+   organization slot and then the job — the reverse of the documented order — while a
+   completion (job → target → attempt → organization stripes → pool stripes → debt rows,
+   migration 0014) runs on the same job. The two wait for each other; PostgreSQL
    detects the cycle and aborts one transaction with SQLSTATE 40P01. The action runs in
    ``sql.db.in_transaction``, so the retry path runs for real: the action's first try is the
    victim (its ``deadlock_timeout`` is the shorter one), it is retried and completes, and the
@@ -76,14 +77,19 @@ def waits_on_lock(conn, pid: int) -> bool:
 
 def reprioritize(conn, *, job_id: int, org_id: int, before_job_lock) -> int:
     """An operator-like action written only for this test: bump a job's priority and audit
-    it, locking the job's organization slot and THEN the job — the reverse of the documented
-    order.
+    it, locking the stripe its running attempt holds its organization slot in and THEN the
+    job — the reverse of the documented order.
     ``before_job_lock()`` runs between the two locks. Returns the new priority."""
     # the shorter deadlock_timeout makes this transaction the one that detects the cycle,
     # and so the one PostgreSQL aborts (superuser setting; the tests run as one)
     conn.execute("SET LOCAL deadlock_timeout = '50ms'")
-    conn.execute("SELECT 1 FROM organization_slots WHERE organization_id = %s AND job_id = %s"
-                 " FOR UPDATE", (org_id, job_id))
+    # (none on the retry: the completion has given the slot back and ended the attempt)
+    conn.execute("""
+        SELECT 1 FROM capacity_stripes s
+         WHERE s.kind = 'organization' AND s.owner_id = %s
+           AND s.stripe_no = (SELECT a.organization_stripe FROM attempts a
+                               WHERE a.job_id = %s AND a.state = 'running')
+           FOR UPDATE""", (org_id, job_id))
     before_job_lock()
     conn.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (job_id,))
     row = conn.execute("UPDATE jobs SET priority = priority + 1 WHERE id = %s RETURNING priority",
@@ -112,12 +118,12 @@ def test_a_real_deadlock_is_retried_counted_and_logged(world, db_url, caplog):
     def before_job_lock():
         tries.append(time.monotonic())
         if len(tries) == 1:
-            # first try: hold the slot until the completion holds the job and waits for the
-            # slot; the next statement then closes the cycle
+            # first try: hold the stripe until the completion holds the job and waits for
+            # the stripe; the next statement then closes the cycle
             results["completer"] = threading.Thread(target=complete, name="racer-completer")
             results["completer"].start()
             wait_for(lambda: waits_on_lock(world.conn, completer_pid),
-                     "the completion to wait for the organization slot")
+                     "the completion to wait for the organization stripe")
 
     def complete():
         try:
@@ -217,32 +223,60 @@ def test_submit_depending_on_a_job_racing_its_completion_does_not_deadlock(world
     assert deadlocks(world.conn) == deadlocks_before
 
 
-def test_a_batch_release_and_a_limit_change_take_slots_in_the_same_order(world, db_url):
-    """A limit change locks every slot row of its organization in slot order (migration 0008,
-    pgd_sync_slots). A batch completion reporting B (slot 3) before A (slot 1) used to free
-    them in item order: holding slot 3, it waited for slot 1, which the limit change held
-    while it waited for slot 3 (40P01; found by an adversarial run). pgd_release_slots now
-    locks a batch's slots in slot order first. An open claim holding slot 2 keeps the limit
-    change waiting in the middle until both are queued; the batch runs without the retry
-    wrapper, so a deadlock would surface here."""
+def claim_in_stripe(world, db_url, stripe_no: int, claim):
+    """``claim()``, steered to take its organization slot from stripe ``stripe_no``: another
+    session holds every other organization stripe locked meanwhile (those not locked
+    already), so that the claim, which never waits for a stripe, passes them (SKIP LOCKED).
+    Returns what ``claim()`` returned."""
+    with db.connect(db_url, application_name="pgd-test-steer") as steer:
+        with steer.transaction():
+            steer.execute("SELECT 1 FROM capacity_stripes WHERE kind = 'organization' "
+                          "AND stripe_no <> %s ORDER BY owner_id, stripe_no FOR UPDATE SKIP LOCKED",
+                          (stripe_no,))
+            return claim()
+
+
+def locked_stripes(conn, kind: str) -> list[int]:
+    """The stripes of ``kind`` another session holds a row lock on: every stripe minus those
+    this session can lock (FOR UPDATE SKIP LOCKED, in a transaction rolled back at once)."""
+    with conn.transaction(force_rollback=True):
+        every = [r["stripe_no"] for r in conn.execute(
+            "SELECT stripe_no FROM capacity_stripes WHERE kind = %s ORDER BY stripe_no", (kind,))]
+        lockable = {r["stripe_no"] for r in conn.execute(
+            "SELECT stripe_no FROM capacity_stripes WHERE kind = %s FOR UPDATE SKIP LOCKED",
+            (kind,))}
+    return [n for n in every if n not in lockable]
+
+
+def test_a_batch_release_and_a_limit_change_take_stripes_in_the_same_order(world, db_url):
+    """A limit change locks every stripe of its organization in stripe order (migration
+    0014, pgd_split_capacity). A batch completion reporting B (its slot in stripe 3) before A
+    (stripe 1) must lock their stripes in the same order: freeing them in item order, it
+    would hold stripe 3 while waiting for stripe 1, which the limit change holds while it
+    waits for stripe 3 (40P01; as found with slot rows by an adversarial run, migration
+    0008). pgd_release_slots locks a batch's stripes in (kind, owner, stripe) order first.
+    An open batch claim that has taken a slot of stripe 2 (pgd_take_slots: the stripe is
+    locked, its held count not yet raised) keeps the limit change waiting in the middle until
+    both are queued; the batch runs without the retry wrapper, so a deadlock would surface
+    here."""
     world.setup(org_limit=10, pool_slots=100)
     runner = world.runner(slots=4)
-    world.project("other", org="acme", pools=("linux",))
     world.job()
-    a = world.claim(runner)                                   # organization slot 1
-    world.job(project="other")
     world.job()
-    pools = world.pool_ids(("linux",))
+    a = claim_in_stripe(world, db_url, 1, lambda: world.claim(runner))
+    b = claim_in_stripe(world, db_url, 3, lambda: world.claim(runner))
+    stripes = {r["job_id"]: r["organization_stripe"] for r in world.conn.execute(
+        "SELECT job_id, organization_stripe FROM attempts WHERE state = 'running'")}
+    assert stripes == {a.job_id: 1, b.job_id: 3}
+    org_id = world.conn.execute("SELECT id FROM organizations").fetchone()["id"]
     deadlocks_before = deadlocks(world.conn)
     with db.connect(db_url, application_name="pgd-test-open-claim") as holder, \
             db.connect(db_url, application_name="pgd-test-limit") as limit, \
             db.connect(db_url, application_name="pgd-test-batch") as batch:
         holder.execute("BEGIN")
-        holder.execute("SELECT * FROM pgd_claim(%s, %s, gen_random_uuid(), 30)", (runner, pools)).fetchall()
-        b = world.claim(runner)                               # organization slot 3
-        slots = {r["job_id"]: r["slot_no"] for r in world.conn.execute(
-            "SELECT slot_no, job_id FROM organization_slots WHERE job_id IS NOT NULL")}
-        assert (slots[a.job_id], slots[b.job_id]) == (1, 3)
+        taken = claim_in_stripe(world, db_url, 2, lambda: holder.execute(
+            "SELECT pgd_take_slots('organization', %s, 1) AS units", (org_id,)).fetchone())
+        assert taken["units"] == [2]
         results: dict[str, Any] = {}
 
         def run(name, fn):
@@ -261,10 +295,14 @@ def test_a_batch_release_and_a_limit_change_take_slots_in_the_same_order(world, 
         ]
         threads[0].start()
         wait_for(lambda: waits_on_lock(world.conn, limit.info.backend_pid),
-                 "the limit change to wait for the open claim's slot")
+                 "the limit change to wait for the open claim's stripe")
+        # the limit change holds stripe 1 and waits for stripe 2 (the open claim's)
+        assert locked_stripes(world.conn, "organization") == [1, 2]
         threads[1].start()
         wait_for(lambda: waits_on_lock(world.conn, batch.info.backend_pid),
                  "the batch to wait for the limit change")
+        # the batch waits for stripe 1 holding no stripe (in item order it would hold 3)
+        assert locked_stripes(world.conn, "organization") == [1, 2]
         holder.execute("COMMIT")
         for thread in threads:
             thread.join(WAIT_S)
@@ -273,6 +311,9 @@ def test_a_batch_release_and_a_limit_change_take_slots_in_the_same_order(world, 
     assert not isinstance(results["batch"], BaseException), results["batch"]
     assert deadlocks(world.conn) == deadlocks_before
     assert consistency.violations(world.conn) == []
+    # both slots given back (the open claim's slot was never added), the caps split anew
+    assert world.conn.execute("SELECT sum(held) AS held, sum(cap) AS caps FROM capacity_stripes "
+                              "WHERE kind = 'organization'").fetchone() == {"held": 0, "caps": 9}
 
 
 def test_batches_cancelling_shared_dependents_in_opposite_orders_do_not_deadlock(world, db_url):

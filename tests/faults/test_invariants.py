@@ -111,6 +111,20 @@ def first_attempt(conn, job_id: int) -> int:
                         (job_id,)).fetchone()["id"]
 
 
+def release_stripes_of(conn, attempt_id: int) -> None:
+    """Give back the organization and pool slots ``attempt_id`` holds in its stripes, as
+    pgd_release_slots would."""
+    freed = conn.execute("""
+        UPDATE capacity_stripes s SET held = s.held - 1
+          FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN projects p ON p.id = j.project_id
+         WHERE a.id = %s
+           AND ((s.kind, s.owner_id, s.stripe_no) = ('organization', p.organization_id,
+                                                     a.organization_stripe)
+                OR (s.kind, s.owner_id, s.stripe_no) = ('pool', j.pool_id, a.pool_stripe))""",
+                         (attempt_id,))
+    assert freed.rowcount == 2
+
+
 def test_the_healthy_history_has_no_violations(world, history):
     assert check_invariants(world.conn) == []
     # and it has what the corruptions below need
@@ -159,11 +173,10 @@ def _running_job_lost_its_attempt(c, h):
     c.execute("UPDATE attempts SET state = 'expired', finished_at = clock_timestamp() "
               "WHERE id = %s", (h.running_attempt,))
     # the held slots follow, so that the organization and pool counts still equal the
-    # running attempts behind them (the job, still running, now holds no slot, and its
-    # project counts it: the counters check sees that too, but the running-attempt check
-    # must see the missing attempt)
-    c.execute("UPDATE organization_slots SET job_id = NULL WHERE job_id = %s", (h.running,))
-    c.execute("UPDATE pool_slots SET job_id = NULL WHERE job_id = %s", (h.running,))
+    # running attempts behind them, stripe by stripe (the job, still running, now holds no
+    # slot, and its project counts it: the counters check sees that too, but the
+    # running-attempt check must see the missing attempt)
+    release_stripes_of(c, h.running_attempt)
 
 
 def _queued_job_still_running(c, h):
@@ -189,21 +202,38 @@ def _succeeded_twice(c, h):
 
 
 def _slot_held_by_a_finished_job(c, h):
-    # the pool's free slot (3 slots, 2 running jobs) taken by a job that succeeded long ago:
-    # a release that never happened
-    c.execute("""UPDATE pool_slots SET job_id = %s
-                  WHERE (pool_id, slot_no) = (SELECT pool_id, slot_no FROM pool_slots
-                                               WHERE job_id IS NULL ORDER BY slot_no LIMIT 1)""",
-              (h.ok,))
-    assert c.execute("SELECT count(*) AS n FROM pool_slots WHERE job_id = %s",
-                     (h.ok,)).fetchone()["n"] == 1
+    # a slot of the pool's stripe with room (3 slots, 2 running jobs) held with no running
+    # attempt behind it: the release of a job that succeeded long ago never happened
+    held = c.execute("""UPDATE capacity_stripes SET held = held + 1
+                         WHERE (kind, owner_id, stripe_no) = (
+                               SELECT kind, owner_id, stripe_no FROM capacity_stripes
+                                WHERE kind = 'pool' AND held < cap ORDER BY stripe_no LIMIT 1)""")
+    assert held.rowcount == 1
 
 
 def _running_job_lost_its_slot(c, h):
-    # a running job's organization slot freed under it: a release of the wrong job
-    freed = c.execute("UPDATE organization_slots SET job_id = NULL WHERE job_id = %s",
-                      (h.running,))
+    # a running job's organization slot given back under it: a release of the wrong job
+    freed = c.execute("""UPDATE capacity_stripes s SET held = s.held - 1
+                           FROM attempts a
+                          WHERE a.id = %s AND s.kind = 'organization'
+                            AND s.stripe_no = a.organization_stripe""", (h.running_attempt,))
     assert freed.rowcount == 1
+
+
+def _cap_past_the_limit(c, h):
+    # a stripe of the organization with one slot more than its share: the caps add up to 4
+    # for a limit of 3, so a claim could hold a fourth slot
+    c.execute("UPDATE capacity_stripes SET cap = cap + 1 "
+              "WHERE kind = 'organization' AND stripe_no = 8")
+
+
+def _room_while_owed(c, h):
+    # a slot owed by the pool (and a cap raised by as much, so that the caps minus what is
+    # owed still equal its 3 slots) while its stripes have room: a claim would take a slot
+    # that should have been retired
+    c.execute("INSERT INTO capacity_debts (kind, owner_id, owed) "
+              "SELECT 'pool', id, 1 FROM pools")
+    c.execute("UPDATE capacity_stripes SET cap = cap + 1 WHERE kind = 'pool' AND stripe_no = 8")
 
 
 def _history_over_the_limit(c, h):
@@ -260,6 +290,8 @@ CORRUPTIONS: list[tuple[str, Corruption]] = [
     ("succeeded_once", _succeeded_twice),
     ("counters", _slot_held_by_a_finished_job),
     ("counters", _running_job_lost_its_slot),
+    ("stripes", _cap_past_the_limit),
+    ("stripes", _room_while_owed),
     ("capacity_overlap", _history_over_the_limit),
     ("target_holder", _target_freed_under_a_deployment),
     ("target_holder", _two_holders),

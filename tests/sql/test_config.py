@@ -47,11 +47,14 @@ TABLES = {
     "organizations": "SELECT name, max_running, pgd_organization_running(id) AS running "
                      "FROM organizations ORDER BY name",
     "pools": "SELECT name, slots, pgd_pool_running(id) AS running FROM pools ORDER BY name",
-    # a limit of n is slot rows 1..n (migration 0008): written with the limit, or not at all
-    "organization_slots": "SELECT o.name, s.slot_no, s.job_id FROM organization_slots s "
-                          "JOIN organizations o ON o.id = s.organization_id ORDER BY 1, 2",
-    "pool_slots": "SELECT q.name, s.slot_no, s.job_id FROM pool_slots s "
-                  "JOIN pools q ON q.id = s.pool_id ORDER BY 1, 2",
+    # a limit of n is split over 8 stripes whose caps sum to n (migration 0014): written with
+    # the limit, or not at all
+    "organization_stripes": "SELECT o.name, s.stripe_no, s.cap, s.held FROM capacity_stripes s "
+                            "JOIN organizations o ON s.kind = 'organization' AND o.id = s.owner_id "
+                            "ORDER BY 1, 2",
+    "pool_stripes": "SELECT q.name, s.stripe_no, s.cap, s.held FROM capacity_stripes s "
+                    "JOIN pools q ON s.kind = 'pool' AND q.id = s.owner_id ORDER BY 1, 2",
+    "debts": "SELECT kind, owner_id, owed FROM capacity_debts ORDER BY 1, 2",
     "projects": "SELECT name, organization_id, weight, max_running FROM projects ORDER BY name",
     "grants": "SELECT p.name AS project, q.name AS pool FROM project_pools pp JOIN projects p "
               "ON p.id = pp.project_id JOIN pools q ON q.id = pp.pool_id ORDER BY 1, 2",
@@ -65,9 +68,10 @@ def snapshot(conn) -> dict[str, list]:
     return {name: conn.execute(sql).fetchall() for name, sql in TABLES.items()}
 
 
-def slot_numbers(snap: dict[str, list], table: str, name: str) -> list[int]:
-    """The slot numbers of organization or pool ``name`` in a snapshot."""
-    return [r["slot_no"] for r in snap[table] if r["name"] == name]
+def stripe_caps(snap: dict[str, list], table: str, name: str) -> list[int]:
+    """The caps of the stripes of organization or pool ``name`` in a snapshot, in stripe
+    order."""
+    return [r["cap"] for r in snap[table] if r["name"] == name]
 
 
 def grants(conn, project: str) -> list[str]:
@@ -87,22 +91,26 @@ def test_apply_is_idempotent(conn):
     assert [r["action"] for r in after_first["audit"]] == ["apply_config"]
     assert grants(conn, "web") == ["linux", "mac"]
     assert [r["running"] for r in after_first["organizations"] + after_first["pools"]] == [0, 0, 0]
-    assert slot_numbers(after_first, "organization_slots", "acme") == [1, 2, 3, 4, 5]
-    assert slot_numbers(after_first, "pool_slots", "mac") == [1, 2]
+    assert stripe_caps(after_first, "organization_stripes", "acme") == [1, 1, 1, 1, 1, 0, 0, 0]
+    assert stripe_caps(after_first, "pool_stripes", "mac") == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert stripe_caps(after_first, "pool_stripes", "linux") == [1] * 8
+    assert all(r["held"] == 0 for r in after_first["organization_stripes"] + after_first["pool_stripes"])
+    assert after_first["debts"] == []
 
     second = apply(conn, BASE)
     assert second["changed_rows"] == 0
     assert snapshot(conn) == after_first  # not even an audit event
 
     changed = apply(conn, BASE.replace("max_running = 5", "max_running = 6"))
-    assert changed["changed_rows"] == 1  # the organization row; its new slot row is not counted
+    assert changed["changed_rows"] == 1  # the organization row; its re-split stripes are not counted
     assert snapshot(conn)["organizations"][0]["max_running"] == 6
-    assert slot_numbers(snapshot(conn), "organization_slots", "acme") == [1, 2, 3, 4, 5, 6]
+    assert stripe_caps(snapshot(conn), "organization_stripes", "acme") == [1, 1, 1, 1, 1, 1, 0, 0]
 
     lowered = apply(conn, BASE.replace("slots = 8", "slots = 3"))
     assert lowered["changed_rows"] == 2  # acme back to 5, linux down to 3
-    assert slot_numbers(snapshot(conn), "organization_slots", "acme") == [1, 2, 3, 4, 5]
-    assert slot_numbers(snapshot(conn), "pool_slots", "linux") == [1, 2, 3]
+    assert stripe_caps(snapshot(conn), "organization_stripes", "acme") == [1, 1, 1, 1, 1, 0, 0, 0]
+    assert stripe_caps(snapshot(conn), "pool_stripes", "linux") == [1, 1, 1, 0, 0, 0, 0, 0]
+    assert snapshot(conn)["debts"] == []
 
 
 def test_pool_grants_are_exactly_those_in_the_file(conn):

@@ -21,7 +21,8 @@ from ..faults import consistency
 MIGRATIONS = ["0001_initial", "0002_transitions", "0003_batches", "0004_hot_path", "0005_history",
              "0006_wakeups", "0007_hot_rows_last", "0008_slot_rows", "0009_lean_job_indexes",
              "0010_refusals_say_why", "0011_shared_project_claims",
-             "0012_idempotency_conflicts", "0013_scarcity_by_free_slots"]
+             "0012_idempotency_conflicts", "0013_scarcity_by_free_slots",
+             "0014_capacity_stripes"]
 
 # DESIGN.md, "Entities and states"
 STATES = {
@@ -120,53 +121,87 @@ def test_limits_refuse_negative_values_and_no_counter_is_left(world):
     world.setup(project_limit=3)
     for table, limit in (("organizations", "max_running"), ("projects", "max_running"), ("pools", "slots")):
         assert sqlstate_of(world.conn, f"UPDATE {table} SET {limit} = -1") == "23514"
-    # organizations and pools count their held slots (migration 0008), projects their
-    # running jobs (migration 0011): no running counter is stored anywhere
+    # organizations and pools count their held slots (migration 0008; in stripes since 0014),
+    # projects their running jobs (migration 0011): no running counter is stored anywhere
     columns = world.conn.execute(
         "SELECT table_name, column_name FROM information_schema.columns "
         "WHERE table_name IN ('organizations', 'pools', 'projects') AND column_name = 'running'").fetchall()
     assert columns == []
 
 
-def slots(conn, table: str) -> list[tuple[int, int | None]]:
-    """(slot_no, job_id) of every row of organization_slots or pool_slots, in slot order."""
-    return [(r["slot_no"], r["job_id"])
-            for r in conn.execute(f"SELECT slot_no, job_id FROM {table} ORDER BY 1").fetchall()]
+def stripes(conn, kind: str) -> list[tuple[int, int]]:
+    """(cap, held) of each stripe of the only organization or pool, in stripe order."""
+    return [(r["cap"], r["held"]) for r in conn.execute(
+        "SELECT cap, held FROM capacity_stripes WHERE kind = %s ORDER BY stripe_no", (kind,))]
 
 
-def test_slot_numbers_start_at_one(world):
+def recorded(conn, kind: str) -> list[int]:
+    """Per stripe of the only organization or pool (kind), the running attempts recording it."""
+    column = {"organization": "organization_stripe", "pool": "pool_stripe"}[kind]
+    n = {r["s"]: r["n"] for r in conn.execute(
+        f"SELECT {column} AS s, count(*) AS n FROM attempts WHERE state = 'running' GROUP BY 1")}
+    return [n.get(k, 0) for k in range(1, 9)]
+
+
+def split(held: list[int], limit: int) -> list[tuple[int, int]]:
+    """(cap, held) of each stripe after a limit change to ``limit`` with ``held`` per stripe
+    (0014's header): each cap is its held count plus an even share of what the limit leaves,
+    the first stripes one more; nothing more when the held slots reach the limit."""
+    spare = max(limit - sum(held), 0)
+    return [(h + spare // 8 + (k <= spare % 8), h) for k, h in enumerate(held, start=1)]
+
+
+def test_stripes_are_numbered_one_to_eight_and_hold_zero_to_their_cap(world):
     world.setup(org_limit=2, pool_slots=2)
-    for table in ("organization_slots", "pool_slots"):
-        assert {c["def"] for c in constraints(world.conn, table, "c")} == {"CHECK ((slot_no >= 1))"}
-        assert sqlstate_of(world.conn, f"UPDATE {table} SET slot_no = 0 WHERE slot_no = 1") == "23514"
-        assert sqlstate_of(world.conn, f"UPDATE {table} SET slot_no = -1 WHERE slot_no = 2") == "23514"
-        assert slots(world.conn, table) == [(1, None), (2, None)]
+    assert {c["def"] for c in constraints(world.conn, "capacity_stripes", "c")} == {
+        "CHECK ((kind = ANY (ARRAY['organization'::text, 'pool'::text])))",
+        "CHECK (((stripe_no >= 1) AND (stripe_no <= 8)))",
+        "CHECK (((held >= 0) AND (held <= cap)))"}
+    for kind in ("organization", "pool"):
+        for change in ("stripe_no = 0 WHERE stripe_no = 1", "stripe_no = 9 WHERE stripe_no = 8",
+                       "held = -1 WHERE stripe_no = 1", "held = cap + 1 WHERE stripe_no = 1",
+                       "held = 1 WHERE stripe_no = 8"):  # stripe 8 has no slot: cap 0
+            assert sqlstate_of(world.conn, f"UPDATE capacity_stripes SET {change} AND kind = %s",
+                               (kind,)) == "23514", change
+        assert sqlstate_of(world.conn, "UPDATE capacity_stripes SET kind = 'project' WHERE kind = %s",
+                           (kind,)) == "23514"
+        assert stripes(world.conn, kind) == [(1, 0), (1, 0)] + [(0, 0)] * 6
 
 
-def test_a_job_holds_at_most_one_slot_of_an_organization_or_a_pool(world):
-    for name, owner in (("organization_slots_held_idx", "organization_id"),
-                        ("pool_slots_held_idx", "pool_id")):
-        assert index(world.conn, name) == {
-            "is_unique": True, "table": name.removesuffix("_held_idx"), "cols": [owner, "job_id"],
-            "predicate": "(job_id IS NOT NULL)"}
+def test_a_running_attempt_holds_one_slot_of_its_organization_and_one_of_its_pool(world):
+    """A running attempt records the stripe of each slot it holds (one column per kind, so at
+    most one slot of each); the stripe's held count is its running attempts; an owner has
+    one row per stripe number (the primary key)."""
+    assert [tuple(c["cols"]) for c in constraints(world.conn, "capacity_stripes", "p")] == [
+        ("kind", "owner_id", "stripe_no")]
+    types = {r["column_name"]: r["data_type"] for r in world.conn.execute(
+        "SELECT column_name, data_type FROM information_schema.columns "
+        "WHERE table_name = 'attempts' AND column_name LIKE '%%_stripe'")}
+    assert types == {"organization_stripe": "smallint", "pool_stripe": "smallint"}
     world.setup(org_limit=3, pool_slots=3)
     runner = world.runner()
     world.job()
     c = world.claim(runner)
     assert c is not None
-    for table in ("organization_slots", "pool_slots"):
-        assert slots(world.conn, table) == [(1, c.job_id), (2, None), (3, None)]
-        assert sqlstate_of(world.conn, f"UPDATE {table} SET job_id = %s WHERE slot_no = 2",
-                           (c.job_id,)) == "23505"
+    row = world.conn.execute("SELECT organization_stripe AS o, pool_stripe AS q FROM attempts "
+                             "WHERE id = %s", (c.attempt_id,)).fetchone()
+    for kind, no in (("organization", row["o"]), ("pool", row["q"])):
+        assert no is not None and 1 <= no <= 8
+        assert [h for _, h in stripes(world.conn, kind)] == [int(k == no) for k in range(1, 9)]
+        assert recorded(world.conn, kind) == [h for _, h in stripes(world.conn, kind)]
+        assert sqlstate_of(world.conn, "INSERT INTO capacity_stripes (kind, owner_id, stripe_no, cap) "
+                                       "SELECT kind, owner_id, stripe_no, 1 FROM capacity_stripes "
+                                       "WHERE kind = %s AND stripe_no = %s", (kind, no)) == "23505"
     assert world.conn.execute("SELECT pgd_organization_running(id) AS o FROM organizations"
                               ).fetchone() == {"o": 1}
     assert world.conn.execute("SELECT pgd_pool_running(id) AS q FROM pools").fetchone() == {"q": 1}
 
 
-def test_slot_rows_follow_the_limit_and_keep_held_ones_above_it(world):
-    """A limit of n with h held slots is max(n - h, 0) free rows and max(h - n, 0) owed
-    retirements: raising it adds free rows after the highest number, lowering it deletes free
-    rows (highest first) and never a held one."""
+def test_stripes_follow_the_limit_and_keep_held_slots_above_it(world):
+    """A limit of n with h held slots is split over the stripes: each cap its held count plus
+    an even share of max(n - h, 0), so the room is max(n - h, 0), and max(h - n, 0) owed
+    (every stripe full meanwhile): raising it adds room, lowering it takes room away and
+    never a held slot."""
     world.setup(org_limit=3, pool_slots=3)
     runner = world.runner(slots=8)
     claims = []
@@ -174,33 +209,36 @@ def test_slot_rows_follow_the_limit_and_keep_held_ones_above_it(world):
         world.job()
         claims.append(world.claim(runner))
     world.complete(claims[0])
-    a, b = claims[1].job_id, claims[2].job_id
     for table, limit, running, kind in (
             ("organizations", "max_running", "pgd_organization_running", "organization"),
             ("pools", "slots", "pgd_pool_running", "pool")):
-        slot_table = f"{kind}_slots"
 
         def owed() -> int | None:
-            row = world.conn.execute("SELECT owed FROM slot_retirements WHERE kind = %s",
+            row = world.conn.execute("SELECT owed FROM capacity_debts WHERE kind = %s",
                                      (kind,)).fetchone()
             return row and row["owed"]
 
-        assert slots(world.conn, slot_table) == [(1, None), (2, a), (3, b)]
+        held = recorded(world.conn, kind)  # the stripes of the 2 running attempts
+        assert sum(held) == 2
+        assert [h for _, h in stripes(world.conn, kind)] == held
+        assert sum(cap for cap, _ in stripes(world.conn, kind)) == 3
         world.conn.execute(f"UPDATE {table} SET {limit} = 5")
-        assert slots(world.conn, slot_table) == [(1, None), (2, a), (3, b), (4, None), (5, None)]
+        assert stripes(world.conn, kind) == split(held, 5) and owed() is None
         world.conn.execute(f"UPDATE {table} SET {limit} = 1")
-        assert slots(world.conn, slot_table) == [(2, a), (3, b)] and owed() == 1
+        assert stripes(world.conn, kind) == [(h, h) for h in held] and owed() == 1
         world.conn.execute(f"UPDATE {table} SET {limit} = 0")
-        assert slots(world.conn, slot_table) == [(2, a), (3, b)] and owed() == 2
+        assert stripes(world.conn, kind) == [(h, h) for h in held] and owed() == 2
         # what `running` said before 0008: the jobs running, above the limit or not
         assert world.conn.execute(f"SELECT {running}(id) AS n FROM {table}").fetchone() == {"n": 2}
         world.conn.execute(f"UPDATE {table} SET {limit} = 3")
-        assert slots(world.conn, slot_table) == [(2, a), (3, b), (4, None)] and owed() is None
+        assert stripes(world.conn, kind) == split(held, 3) and owed() is None
+        assert sum(cap - h for cap, h in stripes(world.conn, kind)) == 1
     world.complete(claims[1])
     world.complete(claims[2])
     assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
-    for slot_table in ("organization_slots", "pool_slots"):
-        assert slots(world.conn, slot_table) == [(2, None), (3, None), (4, None)]
+    for kind in ("organization", "pool"):
+        assert [h for _, h in stripes(world.conn, kind)] == [0] * 8
+        assert sum(cap for cap, _ in stripes(world.conn, kind)) == 3
 
 
 def test_ownership_is_enforced_by_foreign_keys(conn):
@@ -372,11 +410,13 @@ def acme_on_linux(conn, projects: tuple[str, ...] = ("web",)) -> None:
 
 
 def test_upgrading_to_slot_rows_gives_each_running_job_its_slots(server_url, drop_databases):
-    """A database at 0007 with running jobs, upgraded to 0008: each running job holds one slot
-    of its organization and one of its pool (numbered from 1 by job id), the free slots fill
-    up to each limit (or what is over it is owed back), and the held slots say what the dropped ``running`` columns said, even
-    for an organization already above its limit; jobs that hold no capacity (finished, or
-    uncertain after a lost deployment) hold no slot."""
+    """A database at 0007 with running jobs, upgraded to 0008 (and on to 0013, the last with
+    slot rows): each running job holds one slot of its organization and one of its pool
+    (numbered from 1 by job id), the free slots fill up to each limit (or what is over it is
+    owed back), and the held slots say what the dropped ``running`` columns said, even for an
+    organization already above its limit; jobs that hold no capacity (finished, or uncertain
+    after a lost deployment) hold no slot. Upgraded on to 0014, the same slots are held in
+    stripes, and the database goes on."""
     url = database_at(server_url, drop_databases, "0007_hot_rows_last")
 
     with db.connect(url) as conn:
@@ -419,7 +459,7 @@ def test_upgrading_to_slot_rows_gives_each_running_job_its_slots(server_url, dro
             "SELECT name, running FROM organizations UNION ALL SELECT name, running FROM pools")}
         assert before == {"acme": 2, "globex": 1, "linux": 2, "mac": 1}
 
-    assert migrate.upgrade(url) == MIGRATIONS[7:]
+    assert upgrade_to(url, "0013_scarcity_by_free_slots") == MIGRATIONS[7:13]
 
     with db.connect(url) as conn:
         after = {r["name"]: r["running"] for r in conn.execute(
@@ -445,7 +485,29 @@ def test_upgrading_to_slot_rows_gives_each_running_job_its_slots(server_url, dro
         # acme runs 2 against its limit of 1: one slot is owed back
         assert conn.execute("SELECT kind, owed FROM slot_retirements").fetchall() == [
             {"kind": "organization", "owed": 1}]
+
+    # the slot rows as stripes (0014): the same slots held, the same slot owed
+    assert migrate.upgrade(url) == MIGRATIONS[13:]
+
+    with db.connect(url) as conn:
         assert consistency.violations(conn) == []
+        assert {r["name"]: r["running"] for r in conn.execute(
+            "SELECT name, pgd_organization_running(id) AS running FROM organizations "
+            "UNION ALL SELECT name, pgd_pool_running(id) FROM pools")} == before
+        assert owner_stripes(conn) == {
+            "acme": {"caps": 2, "held": 2, "room": 0},    # full: one slot owed
+            "globex": {"caps": 2, "held": 1, "room": 1},
+            "linux": {"caps": 4, "held": 2, "room": 2},
+            "mac": {"caps": 1, "held": 1, "room": 0}}
+        assert conn.execute("SELECT kind, owed FROM capacity_debts").fetchall() == [
+            {"kind": "organization", "owed": 1}]
+        # the running attempts record their stripes; the lost deployment's and the finished
+        # job's attempts record none
+        stripes_of = {r["job_id"]: (r["o"], r["q"]) for r in conn.execute(
+            "SELECT job_id, organization_stripe AS o, pool_stripe AS q FROM attempts")}
+        for c in (web1, web2, shop):
+            assert None not in stripes_of[c.job_id]
+        assert stripes_of[done.job_id] == stripes_of[deploy.job_id] == (None, None)
 
         # the upgraded database goes on: the completions free the slots the upgrade gave, and
         # the first of acme's is retired
@@ -453,12 +515,24 @@ def test_upgrading_to_slot_rows_gives_each_running_job_its_slots(server_url, dro
             transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
                                  outcome="succeeded", receipt_key=c.receipt_key)
         assert consistency.violations(conn) == []
-        assert conn.execute("SELECT count(*) AS n FROM organization_slots s JOIN organizations o"
-                            " ON o.id = s.organization_id WHERE o.name = 'acme'").fetchone() == {"n": 1}
-        assert conn.execute("SELECT count(*) AS n FROM slot_retirements").fetchone() == {"n": 0}
-        assert conn.execute("SELECT count(*) AS n FROM organization_slots WHERE job_id IS NOT NULL "
-                            "UNION ALL SELECT count(*) FROM pool_slots WHERE job_id IS NOT NULL"
-                            ).fetchall() == [{"n": 0}, {"n": 0}]
+        assert owner_stripes(conn) == {
+            "acme": {"caps": 1, "held": 0, "room": 1},
+            "globex": {"caps": 2, "held": 0, "room": 2},
+            "linux": {"caps": 4, "held": 0, "room": 4},
+            "mac": {"caps": 1, "held": 0, "room": 1}}
+        assert conn.execute("SELECT count(*) AS n FROM capacity_debts").fetchone() == {"n": 0}
+
+
+def owner_stripes(conn) -> dict[str, dict[str, int]]:
+    """Per organization or pool (by name): the sum of its stripes' caps, held slots and room."""
+    return {r["name"]: {"caps": r["caps"], "held": r["held"], "room": r["room"]} for r in conn.execute(
+        "SELECT o.name, sum(s.cap)::int AS caps, sum(s.held)::int AS held, "
+        "       sum(s.cap - s.held)::int AS room "
+        "  FROM capacity_stripes s "
+        "  JOIN (SELECT 'organization' AS kind, id, name FROM organizations "
+        "        UNION ALL SELECT 'pool', id, name FROM pools) o "
+        "    ON (o.kind, o.id) = (s.kind, s.owner_id) "
+        " GROUP BY o.name")}
 
 
 def test_upgrading_to_lean_job_indexes_keeps_every_key_unique(server_url, drop_databases):
@@ -620,3 +694,142 @@ def test_a_claim_running_while_0011_commits_is_retried_not_failed(server_url, dr
                                  warm=warm if session == "long-lived" else None)
     assert "error" not in got, repr(got.get("error"))
     assert got["value"].job_id == (job if session == "long-lived" else first)["id"]
+
+
+def test_upgrading_to_capacity_stripes_holds_exactly_the_running_jobs(server_url, drop_databases):
+    """A database at 0013 with jobs running (acme 11 against a limit lowered to 5, pool mac 2
+    against 1, so slot_retirements owes 6 and 1), upgraded to 0014: each running attempt
+    records a stripe of its organization and one of its pool, each stripe holds exactly the
+    running attempts recording it (spread round robin), what was owed is carried over as
+    capacity_debts with every stripe of those owners full, and the finished attempts record
+    none. Then no claim is admitted while an owner runs at or above its limit, the
+    completions retire what is owed, and once all have ended the claims admitted are exactly
+    the limits, not one more."""
+    url = database_at(server_url, drop_databases, "0013_scarcity_by_free_slots")
+
+    with db.connect(url) as conn:
+        conn.execute("INSERT INTO organizations (name, max_running) VALUES ('acme', 12), ('globex', 3)")
+        conn.execute("INSERT INTO pools (name, slots) VALUES ('linux', 20), ('mac', 2)")
+        conn.execute("INSERT INTO projects (name, organization_id) "
+                     "SELECT CASE name WHEN 'acme' THEN 'web' ELSE 'shop' END, id FROM organizations")
+        conn.execute("INSERT INTO project_pools (project_id, pool_id) "
+                     "SELECT p.id, q.id FROM projects p JOIN pools q "
+                     "  ON (p.name, q.name) IN (('web', 'linux'), ('shop', 'mac'))")
+        pool_ids = {r["name"]: r["id"] for r in conn.execute("SELECT id, name FROM pools")}
+        runner = transitions.register_runner(conn, name="r", pools=["linux", "mac"], slots=32)
+
+        def claim(pool: str):
+            return transitions.claim(conn, runner_id=runner, pools=[pool_ids[pool]],
+                                     claim_token=transitions.new_claim_token(), lease_seconds=300)
+
+        for _ in range(12):
+            transitions.submit(conn, project="web", pool="linux", command=["true"])
+        for _ in range(3):
+            transitions.submit(conn, project="shop", pool="mac", command=["true"])
+        web = [claim("linux") for _ in range(12)]
+        shop = [claim("mac") for _ in range(2)]
+        assert None not in web + shop and claim("mac") is None  # mac's 2 slots are held
+        finished = web.pop(0)
+        transitions.complete(conn, attempt_id=finished.attempt_id, generation=finished.generation,
+                             outcome="succeeded", receipt_key=finished.receipt_key)
+        conn.execute("UPDATE organizations SET max_running = 5 WHERE name = 'acme'")
+        conn.execute("UPDATE pools SET slots = 1 WHERE name = 'mac'")
+        for _ in range(8):  # queued for acme after the upgrade
+            transitions.submit(conn, project="web", pool="linux", command=["true"])
+        owed_before = conn.execute("SELECT kind, owner_id, owed FROM slot_retirements "
+                                   "ORDER BY 1, 2").fetchall()
+        assert [r["owed"] for r in owed_before] == [6, 1]  # acme: 11 of 5; mac: 2 of 1
+        before = {r["name"]: r["running"] for r in conn.execute(
+            "SELECT name, pgd_organization_running(id) AS running FROM organizations "
+            "UNION ALL SELECT name, pgd_pool_running(id) FROM pools")}
+        assert before == {"acme": 11, "globex": 2, "linux": 11, "mac": 2}
+
+    assert migrate.upgrade(url) == MIGRATIONS[13:]
+
+    with db.connect(url) as conn:
+        assert consistency.violations(conn) == []
+        running = {r["name"]: r["running"] for r in conn.execute(
+            "SELECT name, pgd_organization_running(id) AS running FROM organizations "
+            "UNION ALL SELECT name, pgd_pool_running(id) FROM pools")}
+        assert running == before
+        # each running attempt records a stripe of each kind; the finished one none
+        recorded_by = {r["id"]: (r["o"], r["q"]) for r in conn.execute(
+            "SELECT id, organization_stripe AS o, pool_stripe AS q FROM attempts")}
+        assert all(1 <= o <= 8 and 1 <= q <= 8 for o, q in
+                   (recorded_by[c.attempt_id] for c in web + shop))
+        assert recorded_by[finished.attempt_id] == (None, None)
+        # per stripe: held = the running attempts recording it (an owner's stripes absent
+        # from the attempts hold nothing)
+        per_stripe = conn.execute("""
+            SELECT s.kind, s.owner_id, s.stripe_no, s.cap, s.held,
+                   (SELECT count(*) FROM attempts a JOIN jobs j ON j.id = a.job_id
+                      JOIN projects p ON p.id = j.project_id
+                     WHERE a.state = 'running'
+                       AND CASE s.kind WHEN 'organization'
+                                THEN p.organization_id = s.owner_id AND a.organization_stripe = s.stripe_no
+                                ELSE j.pool_id = s.owner_id AND a.pool_stripe = s.stripe_no END
+                   )::int AS attempts
+              FROM capacity_stripes s ORDER BY 1, 2, 3""").fetchall()
+        assert len(per_stripe) == 4 * 8
+        assert [r["held"] for r in per_stripe] == [r["attempts"] for r in per_stripe]
+        names = {("organization", r["id"]): r["name"] for r in conn.execute("SELECT id, name FROM organizations")}
+        names |= {("pool", r["id"]): r["name"] for r in conn.execute("SELECT id, name FROM pools")}
+        by_owner: dict[str, list] = {}
+        for r in per_stripe:
+            by_owner.setdefault(names[(r["kind"], r["owner_id"])], []).append((r["cap"], r["held"]))
+        # round robin: acme's (and linux's) 11 slots over the 8 stripes, 2 on the first 3
+        assert sorted((h for _, h in by_owner["acme"]), reverse=True) == [2, 2, 2, 1, 1, 1, 1, 1]
+        assert sorted((h for _, h in by_owner["linux"]), reverse=True) == [2, 2, 2, 1, 1, 1, 1, 1]
+        # the debts carried over, their owners' stripes full; the others split the limit
+        assert conn.execute("SELECT kind, owner_id, owed FROM capacity_debts ORDER BY 1, 2"
+                            ).fetchall() == owed_before
+        assert all(cap == held for cap, held in by_owner["acme"] + by_owner["mac"])
+        assert sum(cap for cap, _ in by_owner["linux"]) == 20
+        assert sum(cap for cap, _ in by_owner["globex"]) == 3
+
+        def claim(pool: str):
+            return transitions.claim(conn, runner_id=runner, pools=[pool_ids[pool]],
+                                     claim_token=transitions.new_claim_token(), lease_seconds=300)
+
+        def complete(c) -> None:
+            transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
+                                 outcome="succeeded", receipt_key=c.receipt_key)
+
+        def capacity(kind: str, name: str) -> dict[str, int]:
+            return conn.execute(
+                "SELECT sum(s.held)::int AS held, sum(s.cap - s.held)::int AS room, "
+                "       coalesce((SELECT d.owed FROM capacity_debts d "
+                "                  WHERE (d.kind, d.owner_id) = (s.kind, s.owner_id)), 0) AS owed "
+                "  FROM capacity_stripes s "
+                " WHERE s.kind = %s AND s.owner_id = (SELECT id FROM " + ("organizations" if kind == "organization" else "pools")
+                + " WHERE name = %s) GROUP BY s.kind, s.owner_id", (kind, name)).fetchone()
+
+        # no claim while acme runs at or above its limit of 5: each completion retires a
+        # slot owed, then the running jobs come down to the limit with no room
+        for n in range(11, 5, -1):
+            assert capacity("organization", "acme") == {"held": n, "room": 0, "owed": n - 5}
+            assert claim("linux") is None
+            complete(web.pop())
+        assert capacity("organization", "acme") == {"held": 5, "room": 0, "owed": 0}
+        assert claim("linux") is None
+        assert consistency.violations(conn) == []
+        while web:
+            complete(web.pop())
+        assert claim("mac") is None  # mac runs 2 against 1
+        complete(shop.pop())
+        assert capacity("pool", "mac") == {"held": 1, "room": 0, "owed": 0}
+        assert claim("mac") is None
+        complete(shop.pop())
+        assert consistency.violations(conn) == []
+
+        # back to the limits: acme (5) admits 5 of a batch of 8 and then none; mac (1) one
+        assert capacity("organization", "acme") == {"held": 0, "room": 5, "owed": 0}
+        batch = transitions.claim_batch(conn, runner_id=runner, pools=[pool_ids["linux"]],
+                                        claim_tokens=[transitions.new_claim_token() for _ in range(8)],
+                                        lease_seconds=300)
+        assert len(batch) == 5
+        assert claim("linux") is None
+        assert claim("mac") is not None and claim("mac") is None
+        assert capacity("organization", "acme") == {"held": 5, "room": 0, "owed": 0}
+        assert capacity("pool", "mac") == {"held": 1, "room": 0, "owed": 0}
+        assert consistency.violations(conn) == []

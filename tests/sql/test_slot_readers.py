@@ -1,6 +1,7 @@
 """Readers of an organization's or a pool's ``running`` after migration 0008: the number of
-its held slots (pgd_organization_running, pgd_pool_running), under the same key and with the
-same meaning as the dropped counter columns, a held slot above a lowered limit included."""
+its held slots (pgd_organization_running, pgd_pool_running; since migration 0014 the sum of
+its stripes' held counts), under the same key and with the same meaning as the dropped
+counter columns, a held slot above a lowered limit included."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from ..faults.invariants import check_invariants
 
 def two_running_above_lowered_limits(world) -> tuple[list, dict]:
     """acme (limit 3) and linux (3 slots) with 3 jobs claimed and the first completed, then
-    both limits lowered to 1 by an operator: 2 running jobs hold slots 2 and 3 of each."""
+    both limits lowered to 1 by an operator: 2 running jobs hold a slot of each (in their
+    stripes, now full), and 1 slot of each is owed."""
     world.setup(org_limit=3, pool_slots=3)
     runner = world.runner(slots=8)
     claims = []
@@ -87,10 +89,12 @@ def test_lock_before_a_limit_change_still_locks_the_row(world, db_url, kind):
             assert getattr(info.value, "sqlstate", None) == "55P03"
 
 
-def test_consistency_checks_read_the_slots(world):
+def test_consistency_checks_read_the_stripes(world):
     """tests/faults' checkers (consistency.violations, invariants.check_invariants) hold an
-    organization's and a pool's held slots to their running attempts, one slot of each per
-    running job, and no slot to a job that is not running (or of another pool)."""
+    organization's and a pool's held slots to their running attempts, stripe by stripe: each
+    running job's attempt records one stripe of each, each stripe holds exactly the running
+    attempts recording it (none of a finished job, none of another pool), and the caps add
+    up to the limit."""
     world.setup(org_limit=3, pool_slots=3, pools=("linux", "mac"))
     runner = world.runner(slots=8)
     world.job()
@@ -102,7 +106,16 @@ def test_consistency_checks_read_the_slots(world):
     assert check_invariants(world.conn) == []
     snap = consistency.snapshot(world.conn)
     assert [r["running"] for r in snap["organizations"] + snap["pools"]] == [1, 1, 0]
-    assert [r["job_id"] for r in snap["organization_slots"] + snap["pool_slots"]] == [b, b]
+    ids = {r["name"]: r["id"] for r in world.conn.execute(
+        "SELECT name, id FROM organizations UNION ALL SELECT name, id FROM pools")}
+    held = world.conn.execute("SELECT organization_stripe AS org, pool_stripe AS pool FROM attempts "
+                              "WHERE id = %s", (run.attempt_id,)).fetchone()
+    assert [(r["kind"], r["owner_id"], r["stripe_no"], r["held"]) for r in snap["stripes"] if r["held"]] == [
+        ("organization", ids["acme"], held["org"], 1), ("pool", ids["linux"], held["pool"], 1)]
+    # a stripe with room of linux other than b's, for a slot held by no running attempt
+    spare = world.conn.execute("SELECT min(stripe_no) AS n FROM capacity_stripes WHERE kind = 'pool' "
+                               "AND owner_id = %s AND held < cap", (ids["linux"],)).fetchone()["n"]
+    assert spare is not None and spare != held["pool"]
 
     def caught(corrupt: str, undo: str, lines: list[str], checks: list[str]) -> None:
         world.conn.execute(corrupt)
@@ -114,26 +127,48 @@ def test_consistency_checks_read_the_slots(world):
             world.conn.execute(undo)
         assert consistency.violations(world.conn) == [] and check_invariants(world.conn) == []
 
-    slot_no = world.conn.execute("SELECT slot_no FROM organization_slots WHERE job_id = %s",
-                                 (b,)).fetchone()["slot_no"]
-    caught(f"UPDATE organization_slots SET job_id = NULL WHERE job_id = {b}",
-           f"UPDATE organization_slots SET job_id = {b} WHERE slot_no = {slot_no}",
+    def stripe(kind: str, owner: str, no: int, change: str) -> str:
+        return (f"UPDATE capacity_stripes SET {change} WHERE kind = '{kind}' "
+                f"AND owner_id = {ids[owner]} AND stripe_no = {no}")
+
+    # b's organization slot released while b still runs
+    caught(stripe("organization", "acme", held["org"], "held = held - 1"),
+           stripe("organization", "acme", held["org"], "held = held + 1"),
            ["organization acme: held slots 0, running attempts 1",
-            f"job {b} is running but holds 0 slots of its organization acme"],
+            f"organization acme: stripe {held['org']} holds 0 slots, running attempts on it 1"],
            ["counters: organization acme holds 0 slots but 1 attempts are running",
+            f"counters: organization acme stripe {held['org']} holds 0 slots but 1 running attempts record it"])
+    # b's attempt records no organization stripe: it holds no slot of its organization
+    caught(f"UPDATE attempts SET organization_stripe = NULL WHERE id = {run.attempt_id}",
+           f"UPDATE attempts SET organization_stripe = {held['org']} WHERE id = {run.attempt_id}",
+           [f"job {b} is running but its attempt {run.attempt_id} holds no slot of its organization acme (stripe none)",
+            f"organization acme: stripe {held['org']} holds 1 slots, running attempts on it 0"],
+           [f"counters: running attempt {run.attempt_id} of job {b} records organization stripe None, "
+            f"which its organization does not have",
+            f"counters: organization acme stripe {held['org']} holds 1 slots but 0 running attempts record it",
             f"counters: running job {b} holds 0 slots of its organization"])
-    caught(f"UPDATE pool_slots s SET job_id = {a} FROM pools q "
-           f"WHERE q.id = s.pool_id AND q.name = 'linux' AND s.slot_no = 3",
-           f"UPDATE pool_slots SET job_id = NULL WHERE job_id = {a}",
+    # a slot of linux still held after a (succeeded) released its
+    caught(stripe("pool", "linux", spare, "held = held + 1"),
+           stripe("pool", "linux", spare, "held = held - 1"),
            ["pool linux: held slots 2, running attempts 1",
-            f"pool linux: slot 3 is held by job {a}, which is succeeded, of pool linux"],
+            f"pool linux: stripe {spare} holds 1 slots, running attempts on it 0"],
            ["counters: pool linux holds 2 slots but 1 attempts are running",
-            f"counters: pool linux slot 3 is held by job {a}, which is succeeded"])
-    caught(f"UPDATE pool_slots s SET job_id = {b} FROM pools q "
-           f"WHERE q.id = s.pool_id AND q.name = 'mac' AND s.slot_no = 1",
-           f"UPDATE pool_slots s SET job_id = NULL FROM pools q "
-           f"WHERE q.id = s.pool_id AND q.name = 'mac'",
-           ["pool mac: held slots 1, running attempts 0",
-            f"pool mac: slot 1 is held by job {b}, which is running, of pool linux"],
-           ["counters: pool mac holds 1 slots but 0 attempts are running",
-            f"counters: pool mac slot 1 is held by job {b}, a running job of another pool"])
+            f"counters: pool linux stripe {spare} holds 1 slots but 0 running attempts record it"])
+    # b's pool slot taken from mac, a pool b does not run in
+    caught(stripe("pool", "linux", held["pool"], "held = held - 1") + "; "
+           + stripe("pool", "mac", 1, "held = held + 1"),
+           stripe("pool", "linux", held["pool"], "held = held + 1") + "; "
+           + stripe("pool", "mac", 1, "held = held - 1"),
+           ["pool linux: held slots 0, running attempts 1",
+            "pool mac: held slots 1, running attempts 0",
+            f"pool linux: stripe {held['pool']} holds 0 slots, running attempts on it 1",
+            "pool mac: stripe 1 holds 1 slots, running attempts on it 0"],
+           ["counters: pool linux holds 0 slots but 1 attempts are running",
+            "counters: pool mac holds 1 slots but 0 attempts are running",
+            f"counters: pool linux stripe {held['pool']} holds 0 slots but 1 running attempts record it",
+            "counters: pool mac stripe 1 holds 1 slots but 0 running attempts record it"])
+    # a stripe of acme with a slot more than its limit gives
+    caught(stripe("organization", "acme", 8, "cap = cap + 1"),
+           stripe("organization", "acme", 8, "cap = cap - 1"),
+           ["organization acme: stripe caps 4 minus 0 owed, limit 3"],
+           ["stripes: organization acme: caps 4 minus 0 owed, but the limit is 3"])

@@ -1,20 +1,37 @@
-"""Organization and pool capacity as slot rows (migration 0008): a limit of n is slot rows
-1..n; claims take free ones within the limit, releases free them; lowering a limit stops new
-claims only; the fairness re-check runs while capacity is scarce."""
+"""Organization and pool capacity as stripes (migration 0014; 0008 had one row per slot): a
+limit of n is split over 8 stripes whose caps sum to n; a claim takes a slot from a stripe
+with room and adds it to that stripe's held count; a release subtracts it; lowering a limit
+below the held slots stops new claims only and owes the difference; the fairness re-check
+runs while capacity is scarce."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import psycopg
+import pytest
+
 from sql import console, db, transitions
 
 
-def slots(conn, table: str) -> list[tuple[int, bool]]:
-    """(slot_no, held) of every row of ``table`` (organization_slots or pool_slots)."""
-    assert table in {"organization_slots", "pool_slots"}
-    return [(r["slot_no"], r["job_id"] is not None)
-            for r in conn.execute(f"SELECT slot_no, job_id FROM {table} ORDER BY slot_no")]
+def stripes(conn, kind: str) -> list[tuple[int, int]]:
+    """(cap, held) of each stripe of the only organization or pool, in stripe order."""
+    assert kind in {"organization", "pool"}
+    return [(r["cap"], r["held"]) for r in conn.execute(
+        "SELECT cap, held FROM capacity_stripes WHERE kind = %s ORDER BY stripe_no", (kind,))]
+
+
+def caps(conn, kind: str) -> list[int]:
+    return [cap for cap, _ in stripes(conn, kind)]
+
+
+def held(conn, kind: str) -> int:
+    return sum(h for _, h in stripes(conn, kind))
+
+
+def room(conn, kind: str) -> int:
+    return sum(cap - h for cap, h in stripes(conn, kind))
 
 
 def running(conn) -> dict[str, int]:
@@ -27,6 +44,43 @@ def scarce(conn) -> bool:
     return conn.execute(
         "SELECT pgd_capacity_scarce(o.id, q.id, pgd_racing_claims()) AS scarce"
         "  FROM organizations o, pools q").fetchone()["scarce"]
+
+
+def owed(conn) -> dict[str, int]:
+    return {r["kind"]: r["owed"] for r in conn.execute("SELECT kind, owed FROM capacity_debts")}
+
+
+def stripe_violations(conn) -> list:
+    """Every owner whose stripes break the invariant of 0014: caps minus what is owed equal
+    the limit; a stripe's held count is its running attempts' slots; while anything is owed
+    every stripe is full."""
+    return conn.execute("""
+        WITH owners AS (
+            SELECT 'organization' AS kind, id, max_running AS lim FROM organizations
+            UNION ALL SELECT 'pool', id, slots FROM pools
+        ), attempts_held AS (
+            SELECT 'organization' AS kind, p.organization_id AS owner_id,
+                   a.organization_stripe AS stripe_no, count(*) AS n
+              FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN projects p ON p.id = j.project_id
+             WHERE a.state = 'running' GROUP BY 1, 2, 3
+            UNION ALL
+            SELECT 'pool', j.pool_id, a.pool_stripe, count(*)
+              FROM attempts a JOIN jobs j ON j.id = a.job_id
+             WHERE a.state = 'running' GROUP BY 1, 2, 3
+        )
+        SELECT o.kind, o.id, o.lim, sum(s.cap) AS caps, coalesce(max(d.owed), 0) AS owed,
+               array_agg(s.held ORDER BY s.stripe_no) AS held,
+               array_agg(coalesce(h.n, 0) ORDER BY s.stripe_no) AS attempts
+          FROM owners o
+          JOIN capacity_stripes s ON s.kind = o.kind AND s.owner_id = o.id
+          LEFT JOIN capacity_debts d ON d.kind = o.kind AND d.owner_id = o.id
+          LEFT JOIN attempts_held h ON (h.kind, h.owner_id, h.stripe_no) = (s.kind, s.owner_id, s.stripe_no)
+         GROUP BY o.kind, o.id, o.lim
+        HAVING sum(s.cap) - coalesce(max(d.owed), 0) <> o.lim
+            OR count(*) <> 8
+            OR bool_or(s.held <> coalesce(h.n, 0))
+            OR (coalesce(max(d.owed), 0) > 0 AND bool_or(s.held < s.cap))
+        """).fetchall()
 
 
 def six_jobs_claimed_in_one_batch(world, runner: int) -> list:
@@ -45,14 +99,15 @@ def complete_in_one_batch(world, claims) -> list:
                             "outcome": "succeeded", "receipt_key": c.receipt_key} for c in claims])
 
 
-def test_a_limit_is_its_slot_rows_and_follows_the_limit(world):
-    world.setup(org_limit=3, pool_slots=2)
-    assert slots(world.conn, "organization_slots") == [(1, False), (2, False), (3, False)]
-    assert slots(world.conn, "pool_slots") == [(1, False), (2, False)]
+def test_a_limit_is_split_over_eight_stripes_and_follows_the_limit(world):
+    world.setup(org_limit=3, pool_slots=19)
+    assert stripes(world.conn, "organization") == [(1, 0)] * 3 + [(0, 0)] * 5
+    assert caps(world.conn, "pool") == [3, 3, 3, 2, 2, 2, 2, 2]
     world.apply({"organizations": [{"name": "acme", "max_running": 5}],
                  "pools": [{"name": "linux", "slots": 1}]})
-    assert [n for n, _ in slots(world.conn, "organization_slots")] == [1, 2, 3, 4, 5]
-    assert slots(world.conn, "pool_slots") == [(1, False)]
+    assert caps(world.conn, "organization") == [1] * 5 + [0] * 3
+    assert caps(world.conn, "pool") == [1] + [0] * 7
+    assert stripe_violations(world.conn) == [] and owed(world.conn) == {}
 
 
 def test_claims_hold_one_slot_each_and_completions_free_it(world):
@@ -63,41 +118,43 @@ def test_claims_hold_one_slot_each_and_completions_free_it(world):
     first, second = world.claim(runner), world.claim(runner)
     assert world.claim(runner) is None  # the organization's two slots are held
     assert running(world.conn) == {"org": 2, "pool": 2}
-    held = world.conn.execute("SELECT job_id FROM organization_slots WHERE job_id IS NOT NULL"
-                              " ORDER BY job_id").fetchall()
-    assert [r["job_id"] for r in held] == sorted([first.job_id, second.job_id])
+    assert stripes(world.conn, "organization") == [(1, 1), (1, 1)] + [(0, 0)] * 6
+    recorded = world.conn.execute(
+        "SELECT organization_stripe AS s FROM attempts WHERE id = ANY (%s) ORDER BY s",
+        ([first.attempt_id, second.attempt_id],)).fetchall()
+    assert [r["s"] for r in recorded] == [1, 2]
+    assert stripe_violations(world.conn) == []
     world.complete(first)
     assert running(world.conn) == {"org": 1, "pool": 1}
+    assert stripe_violations(world.conn) == []
     assert world.claim(runner) is not None
 
 
-def owed(conn) -> dict[str, int]:
-    return {r["kind"]: r["owed"] for r in conn.execute("SELECT kind, owed FROM slot_retirements")}
-
-
 def test_lowering_a_limit_below_the_held_slots_stops_new_claims_only(world):
-    """Limit 3 with 3 running, lowered to 1: the 3 stay held and 2 retirements are owed; the
-    first two slots freed are deleted; only when the last of the 3 ends is a slot free again."""
+    """Limit 3 with 3 running, lowered to 1: the stripes are full and 2 slots are owed; the
+    first two slots released are retired; only when the last of the 3 ends is one free."""
     world.setup(org_limit=3, pool_slots=10)
     runner = world.runner()
     for _ in range(5):
         world.job()
     claims = [world.claim(runner) for _ in range(3)]
     world.apply({"organizations": [{"name": "acme", "max_running": 1}]})
-    assert slots(world.conn, "organization_slots") == [(1, True), (2, True), (3, True)]
+    assert stripes(world.conn, "organization") == [(1, 1)] * 3 + [(0, 0)] * 5
     assert owed(world.conn) == {"organization": 2}
     assert world.claim(runner) is None
     world.complete(claims[1])
-    assert slots(world.conn, "organization_slots") == [(1, True), (3, True)]
+    assert owed(world.conn) == {"organization": 1} and room(world.conn, "organization") == 0
     assert world.claim(runner) is None  # 2 running, limit 1
     world.complete(claims[0])
-    assert slots(world.conn, "organization_slots") == [(3, True)] and owed(world.conn) == {}
+    assert owed(world.conn) == {} and room(world.conn, "organization") == 0
     assert world.claim(runner) is None  # 1 running, limit 1
+    assert stripe_violations(world.conn) == []
     world.complete(claims[2])
-    assert slots(world.conn, "organization_slots") == [(3, False)]
+    assert room(world.conn, "organization") == 1
     assert world.claim(runner) is not None
     assert world.claim(runner) is None
     assert running(world.conn)["org"] == 1
+    assert stripe_violations(world.conn) == []
 
 
 def test_raising_a_limit_cancels_what_is_owed_first(world):
@@ -110,10 +167,11 @@ def test_raising_a_limit_cancels_what_is_owed_first(world):
     assert owed(world.conn) == {"organization": 3}
     world.apply({"organizations": [{"name": "acme", "max_running": 5}]})
     assert owed(world.conn) == {}
-    assert [held for _, held in slots(world.conn, "organization_slots")] == [True] * 4 + [False]
+    assert held(world.conn, "organization") == 4 and room(world.conn, "organization") == 1
     assert world.claim(runner) is not None and world.claim(runner) is None
     world.complete(claims[0])
     assert running(world.conn)["org"] == 4
+    assert stripe_violations(world.conn) == []
 
 
 def test_a_batch_release_retires_no_more_than_is_owed(world):
@@ -125,7 +183,8 @@ def test_a_batch_release_retires_no_more_than_is_owed(world):
     assert owed(world.conn) == {"pool": 2}
     complete_in_one_batch(world, got[:3])
     assert owed(world.conn) == {}
-    assert sorted(held for _, held in slots(world.conn, "pool_slots")) == [False, True]
+    assert held(world.conn, "pool") == 1 and room(world.conn, "pool") == 1
+    assert stripe_violations(world.conn) == []
     assert world.claim(runner) is not None and world.claim(runner) is None
 
 
@@ -135,12 +194,25 @@ def test_a_batch_takes_as_many_as_the_organization_and_pool_slots_give(world):
     got = six_jobs_claimed_in_one_batch(world, runner)
     assert len(got) == 3
     assert running(world.conn) == {"org": 3, "pool": 3}
-    pairs = world.conn.execute(
-        "SELECT o.job_id FROM organization_slots o JOIN pool_slots q USING (job_id)").fetchall()
-    assert sorted(r["job_id"] for r in pairs) == sorted(c.job_id for c in got)
+    assert stripe_violations(world.conn) == []
     answers = complete_in_one_batch(world, got)
     assert all(a["status"] == "recorded" for a in answers)
     assert running(world.conn) == {"org": 0, "pool": 0}
+    assert stripe_violations(world.conn) == []
+
+
+def test_a_batch_takes_slots_from_as_many_stripes_as_it_needs(world):
+    """A pool of 16 is 2 slots a stripe: a batch of 6 takes three stripes' slots, each
+    attempt records its stripe, and the batch completion gives each its slots back."""
+    world.setup(org_limit=100, pool_slots=16)
+    runner = world.runner()
+    got = six_jobs_claimed_in_one_batch(world, runner)
+    assert len(got) == 6
+    full = [h for cap, h in stripes(world.conn, "pool") if h]
+    assert full == [2, 2, 2]
+    assert stripe_violations(world.conn) == []
+    complete_in_one_batch(world, got[1:5])
+    assert held(world.conn, "pool") == 2 and stripe_violations(world.conn) == []
 
 
 def test_an_expired_lease_frees_its_slots(world):
@@ -151,6 +223,42 @@ def test_an_expired_lease_frees_its_slots(world):
     world.expire_now(c.attempt_id)
     transitions.expire_leases(world.conn)
     assert running(world.conn) == {"org": 0, "pool": 0}
+    assert stripe_violations(world.conn) == []
+
+
+def test_a_claim_passes_locked_stripes_and_never_waits_for_one(world, db_url):
+    """Another transaction holds every pool stripe with room but one: the claim takes that
+    one. With all of them held, the claim finds nothing at once (lock_timeout would fail a
+    claim that waited)."""
+    world.setup(org_limit=100, pool_slots=8)
+    runner = world.runner()
+    for _ in range(3):
+        world.job()
+    with db.connect(db_url, application_name="stripe-holder") as other:
+        with other.transaction():
+            other.execute("SELECT 1 FROM capacity_stripes WHERE kind = 'pool' AND stripe_no <> 5"
+                          " FOR UPDATE")
+            world.conn.execute("SET lock_timeout = '500ms'")
+            c = world.claim(runner)
+            assert c is not None
+            row = world.conn.execute("SELECT pool_stripe FROM attempts WHERE id = %s",
+                                     (c.attempt_id,)).fetchone()
+            assert row["pool_stripe"] == 5
+            with other.transaction():
+                other.execute("SELECT 1 FROM capacity_stripes WHERE kind = 'pool' FOR UPDATE")
+            # stripe 5 is full now; the others are locked
+            started = time.monotonic()
+            assert world.claim(runner) is None
+            assert time.monotonic() - started < 0.5
+    assert world.claim(runner) is not None
+    assert stripe_violations(world.conn) == []
+
+
+def test_the_stripes_hold_at_most_their_caps(world):
+    """The CHECK of 0014: an update past a stripe's cap fails, whoever makes it."""
+    world.setup(org_limit=1, pool_slots=1)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        world.conn.execute("UPDATE capacity_stripes SET held = held + 1 WHERE stripe_no = 2")
 
 
 def test_capacity_is_scarce_when_free_slots_are_fewer_than_the_live_runners_slots(world):
@@ -183,10 +291,8 @@ def scarce_by_held_count(conn) -> bool:
     than the limit leaves for them."""
     row = conn.execute(
         "SELECT o.max_running AS org_limit, q.slots AS pool_limit, pgd_racing_claims() AS racing,"
-        "       (SELECT count(*) FROM organization_slots s WHERE s.organization_id = o.id"
-        "                                                   AND s.job_id IS NOT NULL) AS org_held,"
-        "       (SELECT count(*) FROM pool_slots s WHERE s.pool_id = q.id"
-        "                                           AND s.job_id IS NOT NULL) AS pool_held"
+        "       (SELECT count(*) FROM jobs j WHERE j.state = 'running') AS org_held,"
+        "       (SELECT count(*) FROM jobs j WHERE j.state = 'running' AND j.pool_id = q.id) AS pool_held"
         "  FROM organizations o, pools q").fetchone()
     r = row["racing"]
     return (row["org_limit"] < r or row["pool_limit"] < r
@@ -194,8 +300,7 @@ def scarce_by_held_count(conn) -> bool:
 
 
 def test_scarcity_read_from_free_slots_agrees_with_the_held_count(world):
-    """0013 counts free slots up to the racing claims (or held ones, whichever side is
-    smaller) where 0008 counted held slots: over limits on either side of twice the racing
+    """0014 reads the free slots from the stripes where 0008 counted held slot rows: over limits on either side of twice the racing
     claims, 0 to 30 jobs held, 1 to 61 racing and limits lowered below the held jobs
     (retirements owed), both rules give the same answer, and each answer occurs."""
     world.setup(org_limit=40, pool_slots=40)
@@ -278,6 +383,5 @@ def test_after_a_lowering_commits_no_claim_runs_over_the_new_limit(world, db_url
     assert len(over) > 20, f"too few claims after the lowering to say anything: {len(over)}"
     assert [r for r in over if r["running"] > 2] == [], "claims over the lowered limit"
     assert running(world.conn)["org"] == 0
-    assert slots(world.conn, "organization_slots") == [(n, False) for n, _ in
-                                                        slots(world.conn, "organization_slots")]
-    assert len(slots(world.conn, "organization_slots")) == 2 and owed(world.conn) == {}
+    assert held(world.conn, "organization") == 0 and sum(caps(world.conn, "organization")) == 2
+    assert owed(world.conn) == {} and stripe_violations(world.conn) == []

@@ -133,8 +133,9 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str) -> dict[str, int]:
     pool_ids = {r["name"]: r["id"] for r in Q.lock_declared_pools(
         conn, names=[p["name"] for p in cfg["pools"]])}
     # Existing organizations and pools are upserted by id, new ones after: a changed limit
-    # locks every slot row of its owner (migration 0008), and releases lock slots by owner id
-    # and slot number, so the two take the slots of several owners in the same order.
+    # locks every stripe of its owner (migration 0014), and releases lock stripes by kind,
+    # owner id and stripe number, so the two take the stripes of several owners in the same
+    # order.
     for o in sorted(cfg["organizations"], key=lambda e: _by_id(org_ids, e["name"])):
         changed += Q.upsert_organization(conn, name=o["name"], max_running=o["max_running"])
     for p in projects:

@@ -1,12 +1,12 @@
 -- name: upsert_organization!
--- Declare an organization and its concurrency limit (idempotent by name); its slot rows
--- follow the limit (trigger pgd_sync_slots, migration 0008).
+-- Declare an organization and its concurrency limit (idempotent by name); its capacity
+-- stripes are re-split to the limit (trigger pgd_sync_stripes, migration 0014).
 INSERT INTO organizations (name, max_running) VALUES (:name, :max_running)
 ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running
  WHERE organizations.max_running IS DISTINCT FROM excluded.max_running;
 
 -- name: upsert_pool!
--- Declare a pool and its slots (idempotent by name); its slot rows follow (pgd_sync_slots).
+-- Declare a pool and its slots (idempotent by name); its stripes follow (pgd_sync_stripes).
 INSERT INTO pools (name, slots) VALUES (:name, :slots)
 ON CONFLICT (name) DO UPDATE SET slots = excluded.slots
  WHERE pools.slots IS DISTINCT FROM excluded.slots;

@@ -272,10 +272,10 @@ def set_organization_limit(conn, *, organization: str, max_running: int,
                            expected_max_running: int, actor: str,
                            reason: str | None = None) -> dict[str, Any]:
     """Set an organization's concurrency limit (0–100000), if it is still
-    ``expected_max_running``; audited. Its slot rows follow the limit (migration 0008): a
-    lowering deletes free slot rows and, below the running count, records the excess as owed,
-    paid back as those jobs end; so it stops new claims only. ``running`` in the answer is
-    the held slots as of the change.
+    ``expected_max_running``; audited. Its capacity stripes are re-split to the limit
+    (migration 0014): below the running count every stripe is left full and the excess is
+    owed, paid back as those jobs end; so a lowering stops new claims only. ``running`` in
+    the answer is the held slots as of the change.
 
     Raises: InvalidInput; NotFound; AlreadyResolved (someone changed it since).
     """
@@ -332,9 +332,9 @@ def set_project_limits(conn, *, project: str, max_running: int | None, weight: i
 @transition("set_pool_slots")
 def set_pool_slots(conn, *, pool: str, slots: int, expected_slots: int, actor: str,
                    reason: str | None = None) -> dict[str, Any]:
-    """Set a pool's slots (0–100000), if still ``expected_slots``; audited. Its slot rows
-    follow (migration 0008): lowering them deletes free slot rows and, below the running
-    count, records the excess as owed, paid back as those jobs end; so it stops new claims
+    """Set a pool's slots (0–100000), if still ``expected_slots``; audited. Its capacity
+    stripes are re-split (migration 0014): below the running count every stripe is left full
+    and the excess is owed, paid back as those jobs end; so a lowering stops new claims
     only.
     ``running`` in the answer is the held slots as of the change.
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from sql import PgDispatchError, db, transitions
 
+from ..concurrency.harness import UNCONDITIONAL_SLOTS_SQL
 from ..factories import World
 from .chaos_procs import Fleet, Proc, wait_until
 from .chaos_runs import read_runs, run_command, runs_violations
@@ -107,33 +108,7 @@ class Summary:
 # transaction holds every stripe of the owner. The job is still taken with FOR UPDATE SKIP
 # LOCKED and a deployment's target still only when free, so that the one thing wrong is
 # over-admission. Self-contained on purpose: it does not depend on the text of the real
-# pgd_claim.
-UNCONDITIONAL_STRIPES_SQL = """
-        UPDATE capacity_stripes s SET held = s.held + 1, cap = greatest(s.cap, s.held + 1)
-         WHERE (s.kind, s.owner_id, s.stripe_no) = (
-               SELECT f.kind, f.owner_id, f.stripe_no FROM capacity_stripes f
-                WHERE f.kind = 'organization' AND f.owner_id = v_org
-                ORDER BY f.held >= f.cap, f.stripe_no
-                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)
-        RETURNING s.stripe_no INTO v_org_stripe;
-        IF NOT FOUND THEN  -- every stripe locked by another transaction: wait for the first
-            UPDATE capacity_stripes s SET held = s.held + 1, cap = greatest(s.cap, s.held + 1)
-             WHERE s.kind = 'organization' AND s.owner_id = v_org AND s.stripe_no = 1
-            RETURNING s.stripe_no INTO v_org_stripe;
-        END IF;
-        UPDATE capacity_stripes s SET held = s.held + 1, cap = greatest(s.cap, s.held + 1)
-         WHERE (s.kind, s.owner_id, s.stripe_no) = (
-               SELECT f.kind, f.owner_id, f.stripe_no FROM capacity_stripes f
-                WHERE f.kind = 'pool' AND f.owner_id = v_job.pool_id
-                ORDER BY f.held >= f.cap, f.stripe_no
-                LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)
-        RETURNING s.stripe_no INTO v_pool_stripe;
-        IF NOT FOUND THEN
-            UPDATE capacity_stripes s SET held = s.held + 1, cap = greatest(s.cap, s.held + 1)
-             WHERE s.kind = 'pool' AND s.owner_id = v_job.pool_id AND s.stripe_no = 1
-            RETURNING s.stripe_no INTO v_pool_stripe;
-        END IF;
-"""
+# pgd_claim. The reservation is the harness's (tests/concurrency/harness.py).
 BROKEN_CLAIM_SQL = """
 CREATE OR REPLACE FUNCTION pgd_claim(p_runner_id bigint, p_pool_ids bigint[],
                                      p_claim_token uuid, p_lease_seconds double precision)
@@ -218,7 +193,7 @@ BEGIN
     END;
 END;
 $$;
-""".replace("{slots}", UNCONDITIONAL_STRIPES_SQL)
+""".replace("{slots}", UNCONDITIONAL_SLOTS_SQL)
 
 
 class ChaosRun:

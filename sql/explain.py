@@ -48,6 +48,8 @@ class World:
     targets: dict[int, dict]
     grants: set[tuple[int, int]]
     live_pools: set[int]
+    # pool id -> (slots of its live runners, how many of them are free)
+    runner_slots: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 def _hhmm(ts: dt.datetime | None) -> str:
@@ -61,6 +63,7 @@ def read_world(conn, *, live_seconds: float = 90.0) -> World:
     ``live_seconds``: a runner whose last heartbeat is older than this is not live.
     """
     now = conn.execute("SELECT now() AS now").fetchone()["now"]
+    live = list(Q.live_runner_pools(conn, live_seconds=live_seconds))
     return World(
         now=now,
         organizations={r["id"]: r for r in Q.list_organizations(conn)},
@@ -68,7 +71,8 @@ def read_world(conn, *, live_seconds: float = 90.0) -> World:
         pools={r["id"]: r for r in Q.list_pools(conn)},
         targets={r["id"]: r for r in Q.list_targets(conn)},
         grants={(r["project_id"], r["pool_id"]) for r in Q.list_grants(conn)},
-        live_pools={r["pool_id"] for r in Q.live_runner_pools(conn, live_seconds=live_seconds)},
+        live_pools={r["pool_id"] for r in live},
+        runner_slots={r["pool_id"]: (r["runner_slots"], r["free_runner_slots"]) for r in live},
     )
 
 
@@ -156,8 +160,19 @@ def reasons_for(job: dict[str, Any], world: World,
                           f"operator must resolve it",
                           {"target": target["name"], "holder_job_id": target["holder_job_id"]}))
     if not out:
-        out.append(Reason("ready", "ready: next in line for a runner of pool " + pool["name"],
-                          {"pool": pool["name"]}))
+        slots, free = world.runner_slots.get(job["pool_id"], (0, 0))
+        if slots and not free:
+            # every limit has room, but every live runner of the pool is busy: it is claimed
+            # when one of them finishes a job (found by a fresh-user run: "next in line" was
+            # said of every queued job while 5 of 5 runner slots were busy)
+            out.append(Reason("ready",
+                              f"ready: every runner of pool {pool['name']} is busy "
+                              f"({slots} of {slots} runner slots); claimed when one frees",
+                              {"pool": pool["name"], "runner_slots": slots, "free_runner_slots": 0}))
+        else:
+            out.append(Reason("ready", "ready: next in line for a runner of pool " + pool["name"],
+                              {"pool": pool["name"], "runner_slots": slots,
+                               "free_runner_slots": free}))
     return out
 
 

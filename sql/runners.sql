@@ -28,8 +28,15 @@ SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_
  ORDER BY r.stopped_at IS NOT NULL, r.name, r.id;
 
 -- name: live_runner_pools
--- Pool ids served by at least one live, non-draining runner. Read-only.
-SELECT DISTINCT unnest(r.pool_ids) AS pool_id
+-- Pools served by at least one live, non-draining runner, with those runners' slots and how
+-- many of them are free (slots minus running attempts, per runner; a runner serving several
+-- pools counts its free slots for each). Read-only.
+SELECT p.pool_id, sum(r.slots)::integer AS runner_slots,
+       sum(greatest(r.slots - a.n, 0))::integer AS free_runner_slots
   FROM runners r
+ CROSS JOIN LATERAL unnest(r.pool_ids) p(pool_id)
+ CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM attempts a
+                      WHERE a.runner_id = r.id AND a.state = 'running') a
  WHERE r.stopped_at IS NULL AND NOT r.draining
-   AND r.last_heartbeat_at > now() - make_interval(secs => :live_seconds);
+   AND r.last_heartbeat_at > now() - make_interval(secs => :live_seconds)
+ GROUP BY p.pool_id;

@@ -158,7 +158,27 @@ def test_ready(world):
     world.setup()
     world.runner()
     job = world.job()
-    assert explain(world, job["id"])[:2] == ("ready", "ready: next in line for a runner of pool linux")
+    assert explain(world, job["id"])[:3] == ("ready", "ready: next in line for a runner of pool linux",
+                                             {"pool": "linux", "runner_slots": 4, "free_runner_slots": 4})
+
+
+def test_ready_says_when_every_runner_of_the_pool_is_busy(world):
+    """Limits with room, but the pool's live runners (2 and 1 slots, one also serving mac)
+    have every slot running a job: the job is claimed when one frees, not "next in line".
+    A draining runner's free slots do not count; one slot freed anywhere makes it next."""
+    world.setup(pools=("linux", "mac"))
+    small, shared = world.runner(slots=2), world.runner(pools=("linux", "mac"), slots=1)
+    busy = fill(world, small, 2) + fill(world, shared, 1, pool="mac")
+    spare = world.runner(slots=3)
+    transitions.beat_runner(world.conn, runner_id=spare, is_draining=True)
+    job = world.job()
+    assert explain(world, job["id"])[:3] == (
+        "ready", "ready: every runner of pool linux is busy (3 of 3 runner slots); claimed when one frees",
+        {"pool": "linux", "runner_slots": 3, "free_runner_slots": 0})
+    world.complete(busy[2])
+    assert explain(world, job["id"])[:3] == (
+        "ready", "ready: next in line for a runner of pool linux",
+        {"pool": "linux", "runner_slots": 3, "free_runner_slots": 1})
 
 
 def test_running_and_finished_jobs_have_no_reason(world):

@@ -7,6 +7,7 @@ idempotent (applying the same file twice changes nothing) and all-or-nothing.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,13 @@ from .db import in_transaction
 from .errors import InvalidInput
 from .queries import Q
 from .users import ROLES, hash_password, verify_password
-from .validate import check_int, check_text
+from .validate import _shown, check_int, check_text
 
 SECTIONS = ("organizations", "pools", "projects", "targets", "users")
+# The names the tables' CHECKs accept (migration 0001): checked here first, so that a bad
+# name is refused with its entry named instead of with the constraint's name.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+USERNAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}")
 
 
 def _entries(doc: dict[str, Any], section: str, allowed: set[str], required: set[str]) -> list[dict]:
@@ -36,6 +41,11 @@ def _entries(doc: dict[str, Any], section: str, allowed: set[str], required: set
         for k in ("name", "username", "organization", "role", "password_env"):
             if k in entry and not isinstance(entry[k], str):
                 raise InvalidInput(f"{where}: {k} must be a string")
+        for k, pattern, allowed_chars in (("name", NAME_RE, "letters, digits, '_', '.', '-'"),
+                                          ("username", USERNAME_RE, "letters, digits, '_', '.', '@', '-'")):
+            if k in entry and not pattern.fullmatch(entry[k]):
+                raise InvalidInput(f"{where}: {k} {_shown(entry[k])} is not allowed: 1 to 63 of "
+                                   f"{allowed_chars}, starting with a letter or digit")
         key = entry.get("name", entry.get("username"))
         if key in seen:
             raise InvalidInput(f"{where}: {key!r} is declared twice")

@@ -137,6 +137,15 @@ BAD_FILES = {
     "unknown key": (NEW_ORG + '[[pools]]\nname = "arm"\nslots = 1\ncolour = "red"\n',
                     "pools[0]: unknown key 'colour'"),
     "unknown section": (NEW_ORG + '[[queues]]\nname = "q"\n', "unknown section 'queues'"),
+    "bad organization name": ('[[organizations]]\nname = "a b/c"\nmax_running = 1\n',
+                              "organizations[0]: name \"a b/c\" is not allowed: 1 to 63 of letters, "
+                              "digits, '_', '.', '-', starting with a letter or digit"),
+    "bad pool name": (NEW_ORG + '[[pools]]\nname = "-arm"\nslots = 1\n',
+                      'pools[0]: name "-arm" is not allowed'),
+    "bad username": (NEW_ORG + '[[users]]\nusername = "bob smith"\nrole = "admin"\n'
+                     'password_env = "NO_SUCH_VARIABLE"\n', 'users[0]: username "bob smith" is not allowed'),
+    "non-ASCII name": ('[[organizations]]\nname = "acmé"\nmax_running = 1\n',
+                       'organizations[0]: name "acmé" is not allowed'),
     "negative organization limit": ('[[organizations]]\nname = "initech"\nmax_running = -1\n',
                                     "organization initech max_running must be between 0 and 100000, got -1"),
     "negative pool slots": (NEW_ORG + '[[pools]]\nname = "arm"\nslots = -2\n',

@@ -52,6 +52,17 @@
 -- ones held). Against PGQueuer, batches of 50 best against best 1.07-1.11 (0.83-0.93
 -- before). docs/benchmarks.md, "Migration 0014: capacity stripes".
 
+-- What this migration changes, locked first, in the order a claim first touches it (the
+-- owners in its candidate read, the slot rows, then the attempt it inserts), so that a claim
+-- in flight cannot be half-way between two of them; a completion touches the attempt
+-- before the slots and can still deadlock with it, and a long transaction on one of them
+-- would hold every claim behind this one's queued lock: the lock timeout gives up after 5 s
+-- instead. Either rolls the migration back, and `db upgrade` tries it again (sql/migrate.py,
+-- found by an adversarial run: under live claims the upgrade failed in 3 of 8 runs).
+SET LOCAL lock_timeout = '5s';
+LOCK TABLE organizations, pools, organization_slots, pool_slots, slot_retirements, attempts
+    IN ACCESS EXCLUSIVE MODE;
+
 -- The stripes per owner. Changing it needs a migration (stripes are numbered 1..8, a CHECK).
 CREATE FUNCTION pgd_capacity_stripes() RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$ SELECT 8 $$;

@@ -833,3 +833,44 @@ def test_upgrading_to_capacity_stripes_holds_exactly_the_running_jobs(server_url
         assert capacity("organization", "acme") == {"held": 5, "room": 0, "owed": 0}
         assert capacity("pool", "mac") == {"held": 1, "room": 0, "owed": 0}
         assert consistency.violations(conn) == []
+
+
+def test_a_migration_that_deadlocks_with_a_transition_in_flight_is_tried_again(server_url, drop_databases):
+    """0014 locks the tables it changes up front; a transaction that has read `attempts`
+    (as a completion does first) and then reads `organizations` closes a cycle with it. The
+    migration waited first, so PostgreSQL aborts it (40P01); `db upgrade` rolls it back,
+    tries again once the other transaction has committed, and applies it. Without the retry
+    the upgrade raised (found by an adversarial run under live claims)."""
+    url = database_at(server_url, drop_databases, "0013_scarcity_by_free_slots")
+    result: dict = {}
+    with db.connect(url, application_name="inflight-completion") as inflight, \
+            db.connect(url) as watcher:
+        deadlocks = watcher.execute("SELECT deadlocks FROM pg_stat_database"
+                                    " WHERE datname = current_database()").fetchone()["deadlocks"]
+        inflight.execute("BEGIN")
+        inflight.execute("SELECT count(*) FROM attempts")
+
+        def upgrade() -> None:
+            try:
+                result["applied"] = migrate.upgrade(url)
+            except Exception as exc:  # asserted below, with its type
+                result["error"] = exc
+
+        upgrader = threading.Thread(target=upgrade, name="racer-upgrade")
+        upgrader.start()
+        deadline = time.monotonic() + 30
+        while not watcher.execute(
+                "SELECT count(*) AS n FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND query LIKE 'LOCK TABLE organizations%'").fetchone()["n"]:
+            assert time.monotonic() < deadline, "the migration never waited for attempts"
+            time.sleep(0.02)
+        inflight.execute("SELECT count(*) FROM organizations")  # the cycle: the migration is aborted
+        inflight.execute("COMMIT")
+        upgrader.join(60)
+        assert not upgrader.is_alive()
+        assert "error" not in result, result
+        assert result["applied"] == ["0014_capacity_stripes"]
+        after = watcher.execute("SELECT deadlocks FROM pg_stat_database"
+                                " WHERE datname = current_database()").fetchone()["deadlocks"]
+        assert after > deadlocks, "no deadlock happened: the test did not exercise the retry"
+    assert migrate.applied_migrations(url)[-1] == "0014_capacity_stripes"

@@ -23,11 +23,12 @@ from typing import Any
 
 import click
 
-from sql import (Conflict, DatabaseUnavailable, FencedOut, InvalidInput, NotFound,
-                 PgDispatchError, Settings)
+from sql import (Conflict, DatabaseUnavailable, FencedOut, IncompatibleDatabase, InvalidInput,
+                 NotFound, PgDispatchError, Settings)
 from sql.validate import JOB_STATES
 
-EXIT_CODES = {InvalidInput: 2, NotFound: 3, Conflict: 4, FencedOut: 4, DatabaseUnavailable: 5}
+EXIT_CODES = {InvalidInput: 2, NotFound: 3, Conflict: 4, FencedOut: 4, DatabaseUnavailable: 5,
+              IncompatibleDatabase: 6}
 
 
 def _json_default(value: Any) -> Any:
@@ -174,16 +175,16 @@ def submit_cmd(obj: Context, project: str, pool: str, target: str | None, priori
 
     Prints the job as JSON with its id.
     """
-    from sql import console
+    from sql import transitions
 
     with obj.connect() as conn:
-        # the job and its submit_job audit event commit together
-        job = console.submit_job(conn, project=project, pool=pool, target=target,
+        # the job and its submit_job audit event commit together (pgd_submit)
+        job = transitions.submit(conn, project=project, pool=pool, target=target,
                                  command=list(command), priority=priority,
                                  max_attempts=max_attempts, timeout_seconds=timeout_seconds,
                                  delay_seconds=delay_seconds, requires_approval=requires_approval,
                                  depends_on=list(depends_on), idempotency_key=idempotency_key,
-                                 actor=actor or default_actor())
+                                 submitted_by=actor or default_actor())
     emit(job)
 
 

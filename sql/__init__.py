@@ -1,14 +1,16 @@
 """pgdispatch's one package that talks to PostgreSQL.
 
-The SQL lives in ``sql/*.sql`` (named statements) and ``sql/migrations/*.sql`` (the schema
-and the PL/pgSQL transitions); this package loads it, owns the connection pool and the retry
-policy, translates errors, and exposes thin typed functions. ``webapp`` and ``scheduler``
-call these and never import psycopg themselves.
+The SQL lives in ``sql/schema.sql`` (tables, indexes, types), ``sql/functions/*.sql`` (the
+PL/pgSQL transitions and triggers), ``sql/*.sql`` (the named statements the Python modules
+run) and ``sql/migrations/`` (what changes a live database's tables; see ``sql.migrate``).
+This package loads it, owns the connection pool and the retry policy, translates errors,
+and exposes thin typed functions. ``webapp`` and ``scheduler`` call these and never import
+psycopg themselves.
 """
 
-from .errors import (AlreadyResolved, Conflict, DatabaseUnavailable, FencedOut, InvalidInput,
-                     NotFound, PgDispatchError)
+from .errors import (AlreadyResolved, Conflict, DatabaseUnavailable, FencedOut,
+                     IncompatibleDatabase, InvalidInput, NotFound, PgDispatchError)
 from .settings import Settings
 
-__all__ = ["AlreadyResolved", "Conflict", "DatabaseUnavailable", "FencedOut", "InvalidInput",
-           "NotFound", "PgDispatchError", "Settings"]
+__all__ = ["AlreadyResolved", "Conflict", "DatabaseUnavailable", "FencedOut",
+           "IncompatibleDatabase", "InvalidInput", "NotFound", "PgDispatchError", "Settings"]

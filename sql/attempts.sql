@@ -1,5 +1,5 @@
--- name: claim_next^
--- Take one job (SKIP LOCKED), then reserve project, org and pool capacity in lock order; see pgd_claim (0007).
+-- name: claim^
+-- Take the next eligible job (SKIP LOCKED) and reserve its capacity in lock order; see pgd_claim (sql/functions/claim.sql).
 SELECT * FROM pgd_claim(:runner_id, CAST(:pool_ids AS bigint[]), CAST(:claim_token AS uuid), :lease_seconds);
 
 -- name: find_claim^
@@ -9,7 +9,7 @@ SELECT a.id AS attempt_id, a.job_id, a.attempt_no, a.generation, a.lease_expires
   FROM attempts a JOIN jobs j ON j.id = a.job_id
  WHERE a.claim_token = CAST(:claim_token AS uuid);
 
--- name: extend_lease^
+-- name: heartbeat^
 -- Heartbeat: extend the lease only if the attempt still runs with this generation; no row = fenced out.
 -- Locks only the attempt row (last in lock order).
 UPDATE attempts a
@@ -21,13 +21,13 @@ UPDATE attempts a
    AND j.id = a.job_id
 RETURNING a.lease_expires_at, j.cancel_requested_at IS NOT NULL AS is_cancel_requested;
 
--- name: complete_attempt$
--- Record an outcome once (receipt key), release every reservation, retry or end the job; see pgd_complete.
+-- name: complete$
+-- Record an outcome once (receipt key), release every reservation, retry or end the job; see pgd_complete (sql/functions/complete.sql).
 SELECT pgd_complete(:attempt_id, :generation, :outcome, :exit_code, :error, :output_tail,
                     :receipt_key, :backoff_base_seconds, :backoff_cap_seconds);
 
--- name: expire_lease$
--- End one lapsed lease in lock order (SKIP LOCKED on the job); NULL when none; see pgd_expire_one.
+-- name: expire_one$
+-- End one lapsed lease in lock order (SKIP LOCKED on the job); NULL when none; see pgd_expire_one (sql/functions/expire.sql).
 SELECT pgd_expire_one(:backoff_base_seconds, :backoff_cap_seconds);
 
 -- name: list_attempts
@@ -54,6 +54,6 @@ SELECT * FROM pgd_claim_batch(:runner_id, CAST(:pool_ids AS bigint[]),
                               CAST(:claim_tokens AS uuid[]), :lease_seconds);
 
 -- name: complete_batch
--- Several outcomes in one transaction, in the global lock order (project counters and slots last); see pgd_complete_batch.
+-- Several outcomes in one transaction, in the global lock order (the slots last); see pgd_complete_batch.
 SELECT pgd_complete_batch(CAST(:items AS jsonb), :backoff_base_seconds,
                           :backoff_cap_seconds) AS answer;

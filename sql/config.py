@@ -19,7 +19,7 @@ from .users import ROLES, hash_password, verify_password
 from .validate import _shown, check_int, check_text
 
 SECTIONS = ("organizations", "pools", "projects", "targets", "users")
-# The names the tables' CHECKs accept (migration 0001): checked here first, so that a bad
+# The names the tables' CHECKs accept (sql/schema.sql): checked here first, so that a bad
 # name is refused with its entry named instead of with the constraint's name.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
 USERNAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}")
@@ -143,7 +143,7 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str) -> dict[str, int]:
     pool_ids = {r["name"]: r["id"] for r in Q.lock_declared_pools(
         conn, names=[p["name"] for p in cfg["pools"]])}
     # Existing organizations and pools are upserted by id, new ones after: a changed limit
-    # locks every stripe of its owner (migration 0014), and releases lock stripes by kind,
+    # locks every stripe of its owner (sql/functions/capacity.sql), and releases lock stripes by kind,
     # owner id and stripe number, so the two take the stripes of several owners in the same
     # order.
     for o in sorted(cfg["organizations"], key=lambda e: _by_id(org_ids, e["name"])):

@@ -1,6 +1,6 @@
 -- name: upsert_organization!
 -- Declare an organization and its concurrency limit (idempotent by name); its capacity
--- stripes are re-split to the limit (trigger pgd_sync_stripes, migration 0014).
+-- stripes are re-split to the limit (trigger pgd_sync_stripes, sql/functions/capacity.sql).
 INSERT INTO organizations (name, max_running) VALUES (:name, :max_running)
 ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running
  WHERE organizations.max_running IS DISTINCT FROM excluded.max_running;

@@ -17,7 +17,6 @@ from .db import transition
 from .errors import (AlreadyResolved, Conflict, DatabaseUnavailable, InvalidInput, NotFound,
                      translate)
 from .queries import Q
-from .transitions import submit
 from .users import ROLES, hash_password, token_digest
 from .validate import check_int, check_text
 
@@ -370,16 +369,3 @@ def record_sign_out(conn, *, username: str, address: str | None) -> int:
     """Audit a sign-out; returns the event id."""
     return _audit(conn, actor=username, action="sign_out", subject=f"user:{username}",
                   reason=None, details={"address": address})
-
-
-@transition("submit_job_audited")
-def submit_job(conn, *, actor: str, **kwargs: Any) -> dict[str, Any]:
-    """``transitions.submit`` plus a ``submit_job`` audit event in the same transaction when
-    the job is new (a repeated idempotency key changes nothing and records nothing).
-    Takes submit's keyword arguments; ``actor`` is recorded as ``submitted_by`` too."""
-    job = submit(conn, submitted_by=actor, **kwargs)
-    if job["is_new"]:
-        _audit(conn, actor=actor, action="submit_job", subject=f"job:{job['id']}", reason=None,
-               details={"project": job["project"], "pool": job["pool"],
-                        "target": job.get("target")})
-    return job

@@ -21,12 +21,13 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 Connection = psycopg.Connection
-# Deadlock and serialization failure (PostgreSQL docs 13.4); and what a call already
-# running the old body of a function meets when a migration changes the schema under it:
-# 42P10 when the unique index its INSERT ... ON CONFLICT names is replaced (0009, for
-# pgd_submit), 42703 when a column it reads is dropped (0011, projects.running, for
-# pgd_claim), 42P01 when a table it reads is dropped (0014, the slot rows, for pgd_claim
-# and pgd_release_slots). The retry runs the new body.
+# Deadlock and serialization failure (PostgreSQL docs 13.4); and what a call that started
+# its function before an upgrade committed meets when it goes on after it, with the old
+# body's plans cached: 42P10 when the unique index its INSERT ... ON CONFLICT names was
+# replaced, 42703 when a column it reads was dropped, 42P01 when a table it reads was
+# dropped (each seen under live traffic when such a change committed). The retry runs the
+# new body. A migration that can fail an old body in another way extends this set
+# (docs/contributing.md).
 RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
              pg_errors.InvalidColumnReference, pg_errors.UndefinedColumn, pg_errors.UndefinedTable)
 MAX_TRIES = 6

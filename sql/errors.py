@@ -38,6 +38,13 @@ class FencedOut(PgDispatchError):
     http_status = 409
 
 
+class IncompatibleDatabase(PgDispatchError):
+    """The database was made by a version of pgdispatch this one cannot upgrade (or is not
+    pgdispatch's); nothing was changed. The message says what to do."""
+
+    http_status = 503
+
+
 class DatabaseUnavailable(PgDispatchError):
     """PostgreSQL could not be reached or went away mid-transaction."""
 

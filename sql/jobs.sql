@@ -1,5 +1,5 @@
--- name: submit_job^
--- Enqueue one job after validating project, pool grant, target and dependencies; see pgd_submit.
+-- name: submit^
+-- Enqueue one job (audited) after validating project, pool grant, target and dependencies; see pgd_submit (sql/functions/submit.sql).
 SELECT * FROM pgd_submit(:project, :pool, :target, CAST(:command AS text[]), :priority,
                          :max_attempts, :timeout_seconds, :delay_seconds, :requires_approval,
                          CAST(:depends_on AS bigint[]), :idempotency_key, :submitted_by);

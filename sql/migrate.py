@@ -1,25 +1,61 @@
-"""Schema migrations: the numbered SQL files in ``sql/migrations``, applied by yoyo-migrations."""
+"""Schema upgrades: the migrations in ``sql/migrations`` (applied by yoyo-migrations), then the
+function files in ``sql/functions``, in one transaction.
+
+Where the current definitions are:
+
+* tables, columns, constraints, indexes, types: ``sql/schema.sql`` (read this one; a table
+  change is a new migration plus the same change there, and tests/sql/test_schema.py fails
+  when the two disagree);
+* functions and triggers: ``sql/functions/*.sql``, one ``CREATE OR REPLACE`` each. They are
+  not copied into migrations: every ``db upgrade`` whose function files differ from what the
+  database last loaded runs all of them again (``FUNCTION_FILES``), so that editing a body
+  and running ``pgdispatch db upgrade`` changes a live database.
+
+docs/contributing.md says how to change either.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 
 from .db import backoff_sleep, connect
+from .errors import IncompatibleDatabase
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS_DIR = Path(__file__).parent / "migrations"
-# pg_advisory_lock key held while migrating, so that several hosts running `db upgrade` at
+SQL_DIR = Path(__file__).parent
+MIGRATIONS_DIR = SQL_DIR / "migrations"
+FUNCTIONS_DIR = SQL_DIR / "functions"
+SCHEMA_FILE = SQL_DIR / "schema.sql"
+# Load order: a LANGUAGE sql function is checked against what exists when it is created, so
+# a file comes after every file whose functions its SQL functions call (plpgsql bodies are
+# resolved when they run, and triggers follow their functions within each file).
+FUNCTION_FILES = ("audit.sql", "capacity.sql", "claim.sql", "complete.sql", "expire.sql",
+                  "submit.sql", "operator.sql")
+# The migration ids of development versions before 0.1.0, squashed into 0001_baseline: a
+# database that has any of them cannot be upgraded (its tables are not the baseline's).
+PRE_RELEASE_IDS = frozenset({"0001_initial", "0014_capacity_stripes"})
+
+# pg_advisory_lock key held while upgrading, so that several hosts running `db upgrade` at
 # once apply each migration exactly once (yoyo's own lock table is a second line of defence).
 ADVISORY_LOCK_KEY = 7_261_626_001
-# A migration that changes tables the transitions use takes ACCESS EXCLUSIVE locks while
-# claims and completions run; one can deadlock with a transition in flight (40P01; the
-# migration, waiting first, is the usual victim) or give up waiting after its lock_timeout
-# (55P03, set by the migration itself so that traffic does not queue behind it for long).
-# Either rolls the migration back whole; it is then tried again, up to MIGRATION_TRIES.
+# The tables the transitions lock, in the order a claim or a completion first locks them
+# (docs/design.md, "Lock order"). An upgrade takes them all before it changes anything, in
+# EXCLUSIVE mode when only function files changed, in ACCESS EXCLUSIVE mode when a migration
+# is pending (its DDL needs that). That waits for every transition in flight and holds new
+# ones off until it commits, so no transaction runs an old function body beside a new one;
+# plain reads (the console) go on while only functions change. A transition already holding a later table can still deadlock
+# with it (40P01; the upgrade, waiting first, is the usual victim), and a long transaction
+# holding one of them would queue every transition behind the upgrade: LOCK_TIMEOUT gives
+# up instead. Either rolls the whole upgrade back, and it is tried again, up to
+# UPGRADE_TRIES times.
+UPGRADE_LOCKS = ("jobs", "targets", "attempts", "projects", "organizations", "pools",
+                 "capacity_stripes", "capacity_debts", "delivery_receipts", "audit_events")
+LOCK_TIMEOUT = "5s"
 RETRY_SQLSTATES = {"40P01", "55P03"}
-MIGRATION_TRIES = 10
+UPGRADE_TRIES = 10
 
 
 def _sqlstate(exc: BaseException | None) -> str | None:
@@ -41,36 +77,95 @@ def _yoyo_url(url: str) -> str:
     return url
 
 
-def upgrade(url: str) -> list[str]:
-    """Apply pending migrations; return the ids applied (empty when up to date).
+def function_sources(functions_dir: Path = FUNCTIONS_DIR) -> list[tuple[str, str]]:
+    """``(file name, text)`` of every function file, in load order.
 
-    Safe to run from several processes or hosts at once: a session-level advisory lock
-    (PostgreSQL docs 13.3.5) serialises them, and each migration runs in one transaction.
-    Safe to run while schedulers and the web app run: a migration rolled back by a deadlock
-    or its lock timeout (``RETRY_SQLSTATES``) is tried again after a jittered backoff (0.1 s
-    doubling, at most 5 s), at most ``MIGRATION_TRIES`` times; then its error is raised.
+    Raises:
+        FileNotFoundError: a file of FUNCTION_FILES is missing.
+        ValueError: ``functions_dir`` holds a .sql file that FUNCTION_FILES does not list
+            (it would never be loaded).
+    """
+    unlisted = sorted({p.name for p in functions_dir.glob("*.sql")} - set(FUNCTION_FILES))
+    if unlisted:
+        raise ValueError(f"{functions_dir} has files not in FUNCTION_FILES: {', '.join(unlisted)}")
+    return [(name, (functions_dir / name).read_text()) for name in FUNCTION_FILES]
+
+
+def definitions_digest(sources: list[tuple[str, str]]) -> str:
+    """sha256 (hex) of the function files, names and texts in load order."""
+    h = hashlib.sha256()
+    for name, text in sources:
+        h.update(name.encode() + b"\0" + text.encode() + b"\0")
+    return h.hexdigest()
+
+
+def _check_compatible(conn, known: set[str]) -> None:
+    """Refuse, before anything is changed, a database this version cannot upgrade."""
+    row = conn.execute("SELECT to_regclass('_yoyo_migration') IS NOT NULL AS has_record, "
+                       "       to_regclass('jobs') IS NOT NULL AS has_jobs").fetchone()
+    if not row["has_record"]:
+        if row["has_jobs"]:
+            raise IncompatibleDatabase(
+                "this database has a jobs table but no record of pgdispatch migrations: "
+                "point DATABASE_URL at an empty database or one made by pgdispatch")
+        return
+    applied = [r["migration_id"] for r in conn.execute(
+        "SELECT migration_id FROM _yoyo_migration ORDER BY applied_at_utc, migration_id")]
+    unknown = [m for m in applied if m not in known]
+    if not unknown:
+        return
+    if PRE_RELEASE_IDS & set(applied):
+        raise IncompatibleDatabase(
+            f"this database was made by a development version of pgdispatch before 0.1.0 "
+            f"(last migration {applied[-1]}), which 0.1.0 cannot upgrade: start from a new "
+            f"database (for the demo's embedded server: stop it, then remove .pgdispatch/)")
+    raise IncompatibleDatabase(
+        f"this database has migrations this pgdispatch does not know ({', '.join(unknown[:3])}"
+        f"{' …' if len(unknown) > 3 else ''}): it was upgraded by a newer version; run that one")
+
+
+def upgrade(url: str, *, migrations_dir: Path = MIGRATIONS_DIR,
+            functions_dir: Path = FUNCTIONS_DIR) -> list[str]:
+    """Apply pending migrations and reload changed function files; return the migration ids
+    applied (empty when none was pending, even if functions were reloaded).
+
+    One transaction does all of it: the UPGRADE_LOCKS (see there; LOCK_TIMEOUT), every
+    pending migration, then every function file when their digest differs from the one the
+    database last loaded (kept in ``_pgdispatch_definitions``), then yoyo's record. Safe to
+    run from several processes or hosts at once: a session-level advisory lock (PostgreSQL
+    docs 13.3.5) serialises them. Safe under live claims and completions: an upgrade rolled
+    back by a deadlock or its lock timeout (``RETRY_SQLSTATES``) is tried again after a
+    jittered backoff (0.1 s doubling, at most 5 s), at most ``UPGRADE_TRIES`` times; then
+    its error is raised. ``migrations_dir`` and ``functions_dir`` are for tests.
+
+    Raises:
+        IncompatibleDatabase: the database was made by a pre-0.1.0 development version, or
+            by a newer one, or is not pgdispatch's; nothing is changed.
+        DatabaseUnavailable: the server cannot be reached.
     """
     from yoyo import get_backend, read_migrations
 
+    sources = function_sources(functions_dir)
+    digest = definitions_digest(sources)
+    migrations = read_migrations(str(migrations_dir))
     with connect(url, application_name="pgdispatch-migrate") as lock_conn:
         lock_conn.execute("SELECT pg_advisory_lock(%s)", (ADVISORY_LOCK_KEY,))
         try:
+            _check_compatible(lock_conn, {m.id for m in migrations})
             backend = get_backend(_yoyo_url(url))
             try:
-                migrations = read_migrations(str(MIGRATIONS_DIR))
-                with backend.lock():
-                    applied = [m.id for m in backend.to_apply(migrations)]
-                for try_no in range(1, MIGRATION_TRIES + 1):
+                backend.ensure_internal_schema_updated()
+                for try_no in range(1, UPGRADE_TRIES + 1):
                     try:
                         with backend.lock():
-                            backend.apply_migrations(backend.to_apply(migrations))
+                            applied = _upgrade_once(backend, migrations, sources, digest)
                         break
                     except Exception as exc:
                         state = _sqlstate(exc)
-                        if state not in RETRY_SQLSTATES or try_no == MIGRATION_TRIES:
+                        if state not in RETRY_SQLSTATES or try_no == UPGRADE_TRIES:
                             raise
-                        log.warning("migration rolled back (SQLSTATE %s), try %d of %d: %s",
-                                    state, try_no, MIGRATION_TRIES, str(exc).splitlines()[0])
+                        log.warning("upgrade rolled back (SQLSTATE %s), try %d of %d: %s",
+                                    state, try_no, UPGRADE_TRIES, " ".join(str(exc).split()))
                         backoff_sleep(try_no, base_seconds=0.1, cap_seconds=5.0)
             finally:
                 backend.connection.close()
@@ -79,6 +174,37 @@ def upgrade(url: str) -> list[str]:
     for mid in applied:
         log.info("applied migration %s", mid)
     return applied
+
+
+def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: str) -> list[str]:
+    """One try of ``upgrade`` on yoyo's connection, in one transaction; the ids applied."""
+    pending = backend.to_apply(migrations)
+    conn = backend.connection  # psycopg: no placeholder parsing without parameters
+    with backend.transaction():
+        conn.execute("CREATE TABLE IF NOT EXISTS _pgdispatch_definitions ("
+                     " digest text NOT NULL, loaded_at timestamptz NOT NULL DEFAULT now())")
+        loaded = conn.execute("SELECT digest FROM _pgdispatch_definitions").fetchone()
+        if not pending and loaded is not None and loaded[0] == digest:
+            return []
+        conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
+        existing = [t for t in UPGRADE_LOCKS
+                    if conn.execute("SELECT to_regclass(%s)", (t,)).fetchone()[0] is not None]
+        if existing:
+            # a migration's DDL needs ACCESS EXCLUSIVE: taken up front, in order, since a
+            # lock raised later waits for readers that may be queued behind it (a deadlock)
+            mode = "ACCESS EXCLUSIVE" if pending else "EXCLUSIVE"
+            conn.execute(f"LOCK TABLE {', '.join(existing)} IN {mode} MODE")
+        for migration in pending:
+            log.info("applying migration %s", migration.id)
+            migration.process_steps(backend, "apply")  # nested: a savepoint in this transaction
+            backend.log_migration(migration, "apply")
+            backend.mark_one(migration, log=False)
+        for name, text in sources:
+            log.debug("loading sql/functions/%s", name)
+            conn.execute(text)
+        conn.execute("DELETE FROM _pgdispatch_definitions")
+        conn.execute("INSERT INTO _pgdispatch_definitions (digest) VALUES (%s)", (digest,))
+    return [m.id for m in pending]
 
 
 def applied_migrations(url: str) -> list[str]:

@@ -8,6 +8,8 @@ import aiosql
 
 SQL_DIR = Path(__file__).parent
 
-# Every top-level .sql file; migrations/ holds the schema and is applied by sql.migrate.
-Q = aiosql.from_str("\n\n".join(p.read_text() for p in sorted(SQL_DIR.glob("*.sql"))), "psycopg",
-                    mandatory_parameters=False)
+# Every top-level .sql file but schema.sql: the tables (schema.sql), the functions
+# (functions/) and the migrations are the database's own, applied by sql.migrate.
+Q = aiosql.from_str("\n\n".join(p.read_text() for p in sorted(SQL_DIR.glob("*.sql"))
+                                 if p.name != "schema.sql"),
+                    "psycopg", mandatory_parameters=False)

@@ -88,18 +88,18 @@ def claim(conn, *, runner_id: int, pools: Sequence[int], claim_token: str,
           lease_seconds: float) -> Claim | None:
     """Claim the next eligible job for ``runner_id`` on any of ``pools`` (pool ids).
 
-    One transaction: job taken with SKIP LOCKED, then capacity reserved in lock order (the
-    project row's counter, then a free organization slot and a free pool slot, each SKIP
-    LOCKED), generation bumped, attempt inserted with a lease of ``lease_seconds`` (see
-    pgd_claim in migrations/0008_slot_rows.sql).
-    Returns None when nothing is eligible.
+    One transaction (pgd_claim, sql/functions/claim.sql): the job taken with SKIP LOCKED, a
+    deployment's free target, the project claim lock, then a slot of the organization and
+    one of the pool from capacity stripes with room (SKIP LOCKED); the generation bumped and
+    the attempt inserted with a lease of ``lease_seconds`` (seconds, from the database's
+    clock). Returns None when nothing is eligible.
 
     Raises:
         NotFound: unknown runner. InvalidInput: bad lease. Conflict: claim token reused.
     """
     started = time.perf_counter()
-    row = Q.claim_next(conn, runner_id=runner_id, pool_ids=list(pools),
-                       claim_token=str(claim_token), lease_seconds=float(lease_seconds))
+    row = Q.claim(conn, runner_id=runner_id, pool_ids=list(pools),
+                  claim_token=str(claim_token), lease_seconds=float(lease_seconds))
     metrics.CLAIM_SECONDS.observe(time.perf_counter() - started)
     return None if row is None else _claim_from(row, claim_token)
 
@@ -108,7 +108,7 @@ def claim(conn, *, runner_id: int, pools: Sequence[int], claim_token: str,
 def claim_batch(conn, *, runner_id: int, pools: Sequence[int], claim_tokens: Sequence[str],
                 lease_seconds: float) -> list[Claim]:
     """Claim up to ``len(claim_tokens)`` build jobs of one (project, pool) in one transaction
-    (pgd_claim_batch, migrations/0008_slot_rows.sql): same fairness, lock order and capacity
+    (pgd_claim_batch, sql/functions/claim.sql): same fairness, lock order and capacity
     checks as ``claim``; deployments are left to ``claim``. Returns the claims (maybe none).
 
     Raises:
@@ -125,10 +125,11 @@ def claim_batch(conn, *, runner_id: int, pools: Sequence[int], claim_tokens: Seq
 @transition("complete_batch", one_statement=True)
 def complete_batch(conn, *, items: Sequence[dict[str, Any]], backoff_base_seconds: float = 2.0,
                    backoff_cap_seconds: float = 300.0) -> list[dict[str, Any]]:
-    """Record several outcomes in one transaction (pgd_complete_batch, migrations/0007):
-    jobs, targets and attempts locked first, by id; the builds that succeeded completed
-    together, set-based, every other item as ``complete`` would, one by one; then the
-    capacity of them all released at once (projects, organizations, pools: the lock order).
+    """Record several outcomes in one transaction (pgd_complete_batch,
+    sql/functions/complete.sql): jobs, targets and attempts locked first, by id; the builds
+    that succeeded completed together, set-based, every other item as ``complete`` would, one
+    by one; then the slots of them all released at once, last (organization stripes, then
+    pool stripes: the lock order).
 
     ``items``: dicts with attempt_id, generation, outcome, receipt_key and optionally
     exit_code, error, output_tail. Returns one answer per item, in order; a fenced item answers
@@ -209,8 +210,8 @@ def heartbeat(conn, *, attempt_id: int, generation: int, lease_seconds: float,
     """
     if output_tail is not None:
         output_tail = output_tail.replace("\x00", "\ufffd")
-    row = Q.extend_lease(conn, attempt_id=attempt_id, generation=generation,
-                         lease_seconds=float(lease_seconds), output_tail=output_tail)
+    row = Q.heartbeat(conn, attempt_id=attempt_id, generation=generation,
+                      lease_seconds=float(lease_seconds), output_tail=output_tail)
     if row is None:
         raise FencedOut(f"attempt {attempt_id} generation {generation} is fenced out")
     return Lease(row["lease_expires_at"], row["is_cancel_requested"])
@@ -221,7 +222,8 @@ def complete(conn, *, attempt_id: int, generation: int, outcome: str, receipt_ke
              exit_code: int | None = None, error: str | None = None,
              output_tail: str | None = None, backoff_base_seconds: float = 2.0,
              backoff_cap_seconds: float = 300.0) -> dict[str, Any]:
-    """Record an attempt's outcome once and release every reservation it holds.
+    """Record an attempt's outcome once and release every reservation it holds (pgd_complete,
+    sql/functions/complete.sql).
 
     ``outcome`` is one of succeeded, failed, cancelled, handed_back, lost. A repeated
     ``receipt_key`` returns the first answer with ``repeated: true``. A failure with attempts
@@ -238,18 +240,20 @@ def complete(conn, *, attempt_id: int, generation: int, outcome: str, receipt_ke
         raise InvalidInput(f"outcome must be one of {', '.join(OUTCOMES)}, got {outcome!r}")
     check_text("receipt key", receipt_key, max_len=200)
     output_tail, error = clean_report(output_tail, error)
-    result = Q.complete_attempt(conn, attempt_id=attempt_id, generation=generation, outcome=outcome,
-                                exit_code=exit_code, error=error, output_tail=output_tail,
-                                receipt_key=receipt_key, backoff_base_seconds=backoff_base_seconds,
-                                backoff_cap_seconds=backoff_cap_seconds)
-    return result
+    return Q.complete(conn, attempt_id=attempt_id, generation=generation, outcome=outcome,
+                      exit_code=exit_code, error=error, output_tail=output_tail,
+                      receipt_key=receipt_key, backoff_base_seconds=backoff_base_seconds,
+                      backoff_cap_seconds=backoff_cap_seconds)
 
 
-@transition("expire")
+@transition("expire_one")
 def expire_one(conn, *, backoff_base_seconds: float = 2.0,
                backoff_cap_seconds: float = 300.0) -> dict[str, Any] | None:
-    """End one lapsed lease (see pgd_expire_one); None when no lease has lapsed."""
-    result = Q.expire_lease(conn, backoff_base_seconds=backoff_base_seconds,
+    """End one lapsed lease (pgd_expire_one, sql/functions/expire.sql): a build is queued
+    again after backoff (seconds) or fails, a deployment becomes uncertain and keeps its
+    target. Returns {"attempt_id", "job_id", "job_state", "is_deployment"}, or None when no
+    lease has lapsed."""
+    result = Q.expire_one(conn, backoff_base_seconds=backoff_base_seconds,
                             backoff_cap_seconds=backoff_cap_seconds)
     if result is not None:
         metrics.LEASE_EXPIRATIONS.labels(
@@ -276,7 +280,9 @@ def submit(conn, *, project: str, pool: str, command: Sequence[str], target: str
            delay_seconds: float = 0.0, requires_approval: bool = False,
            depends_on: Sequence[int] = (), idempotency_key: str | None = None,
            submitted_by: str = "cli") -> dict[str, Any]:
-    """Enqueue one job; returns it as ``get_job`` does, plus ``is_new``.
+    """Enqueue one job and audit it (``submit_job`` by ``submitted_by``, the authenticated
+    identity, in the same transaction; pgd_submit, sql/functions/submit.sql); returns the job
+    as ``get_job`` does, plus ``is_new``. A repeated key records nothing.
 
     Limits: command 1–256 arguments, 64 KiB in all, no NUL; priority −1000…1000;
     max_attempts 1–100; timeout_seconds 1–604800; delay_seconds 0–2592000.
@@ -288,8 +294,8 @@ def submit(conn, *, project: str, pool: str, command: Sequence[str], target: str
     Raises:
         InvalidInput, NotFound: bad values, unknown project/pool/target/dependency, pool not
         granted, a dependency that already failed. Nothing is written then.
-        Conflict: the idempotency key was used for a job with a different request
-        (migration 0012); nothing is written.
+        Conflict: the idempotency key was used for a job with a different request; nothing
+        is written.
     """
     command = check_command(command)
     check_text("project", project, max_len=63)
@@ -306,11 +312,11 @@ def submit(conn, *, project: str, pool: str, command: Sequence[str], target: str
     if idempotency_key is not None:
         check_text("idempotency key", idempotency_key, max_len=200)
     check_text("submitted by", submitted_by, max_len=200)
-    row = Q.submit_job(conn, project=project, pool=pool, target=target, command=command,
-                       priority=priority, max_attempts=max_attempts,
-                       timeout_seconds=timeout_seconds, delay_seconds=delay_seconds,
-                       requires_approval=bool(requires_approval), depends_on=deps,
-                       idempotency_key=idempotency_key, submitted_by=submitted_by)
+    row = Q.submit(conn, project=project, pool=pool, target=target, command=command,
+                   priority=priority, max_attempts=max_attempts,
+                   timeout_seconds=timeout_seconds, delay_seconds=delay_seconds,
+                   requires_approval=bool(requires_approval), depends_on=deps,
+                   idempotency_key=idempotency_key, submitted_by=submitted_by)
     job = Q.get_job(conn, job_id=row["job_id"])
     job["is_new"] = row["is_new"]
     return job

@@ -12,7 +12,7 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, g, jsonify, request, url_for
 
-from sql import InvalidInput, console, explain, reads, transitions, users
+from sql import InvalidInput, explain, reads, transitions, users
 
 from .auth import ROLE_RANK
 from .db import get_conn
@@ -110,12 +110,12 @@ def submit_job():
               if body.get(name) is not None}
     if body.get("delay_seconds") is not None:
         kwargs["delay_seconds"] = body["delay_seconds"]
-    # the submission and its audit event commit together (sql.console.submit_job)
-    job = console.submit_job(
+    # the submission and its audit event commit together (pgd_submit)
+    job = transitions.submit(
         get_conn(), project=body["project"], pool=body["pool"], command=body["command"],
         target=_optional_text(body, "target"), requires_approval=body.get("requires_approval", False),
         depends_on=depends_on, idempotency_key=_optional_text(body, "idempotency_key"),
-        actor=_actor(), **kwargs)
+        submitted_by=_actor(), **kwargs)
     response = jsonify(job)
     response.status_code = 201 if job["is_new"] else 200
     response.headers["Location"] = url_for("api.get_job", job_id=job["id"])

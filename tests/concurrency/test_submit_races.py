@@ -12,7 +12,9 @@ import re
 import threading
 import time
 
-from sql import db, migrate, transitions
+from sql import db, transitions
+
+from ..sql.catalog import function_source
 
 KEY = "release-42"
 HOLD_S = 0.5  # how long the first submit stays uncommitted while the second one runs
@@ -57,9 +59,7 @@ def test_a_submit_racing_an_uncommitted_submit_of_its_key_returns_that_job(world
 def test_the_race_check_fails_without_the_unique_index(world, db_url):
     """The same race against a submit whose insert has no arbiter, with the index dropped:
     the second submit does not wait and makes a second job, and the checks above see it."""
-    text = (migrate.MIGRATIONS_DIR / "0009_lean_job_indexes.sql").read_text()
-    body = text[text.index("CREATE OR REPLACE FUNCTION pgd_submit("):]
-    body = body[:body.index("$$;") + 3]
+    body = function_source("pgd_submit")
     broken, n = re.subn(r"ON CONFLICT \(project_id, idempotency_key\) WHERE idempotency_key IS NOT NULL",
                         "ON CONFLICT", body)
     assert n == 1, "pgd_submit's ON CONFLICT not found: update this test with the function"

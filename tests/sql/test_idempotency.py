@@ -9,8 +9,10 @@ import time
 
 import pytest
 
-from sql import db, migrate, transitions
+from sql import db, transitions
 from sql.errors import Conflict, NotFound
+
+from .catalog import function_source
 
 KEY = "build-7"
 FIRST = {"pool": "linux", "command": ["make", "build"], "priority": 5, "max_attempts": 3,
@@ -100,12 +102,15 @@ def test_a_racing_submit_with_a_different_request_is_refused_after_the_first_com
                               (KEY,)).fetchone()["n"] == 1
 
 
-def test_the_check_fails_with_0009s_submit(world):
-    """The same differing repeat against 0009's pgd_submit returns the first job as if it
-    were the one asked for: the test above would see it."""
-    text = (migrate.MIGRATIONS_DIR / "0009_lean_job_indexes.sql").read_text()
-    body = text[text.index("CREATE OR REPLACE FUNCTION pgd_submit("):]
-    world.conn.execute(body[:body.index("$$;") + 3])
+def test_the_check_fails_with_a_submit_that_does_not_compare(world):
+    """The same differing repeat against a pgd_submit that returns the keyed job without
+    comparing requests gets the first job as if it were the one asked for: the tests above
+    would see it."""
+    broken = function_source("pgd_submit").replace(
+        "RETURN QUERY SELECT pgd_submit_repeat(v_id, v_request), false;",
+        "RETURN QUERY SELECT v_id, false;")
+    assert broken.count("RETURN QUERY SELECT v_id, false;") == 2, "update this test with pgd_submit"
+    world.conn.execute(broken)
     world.setup()
     first = world.job(idempotency_key=KEY, command=["true"])
     again = world.job(idempotency_key=KEY, command=["rm", "-rf", "build"])
@@ -113,7 +118,7 @@ def test_the_check_fails_with_0009s_submit(world):
 
 
 def test_after_an_operator_retry_the_same_request_still_finds_its_job(world):
-    """A retry raises the job's max_attempts (0010: to failures + 1): the comparison is with
+    """A retry raises the job's max_attempts (to failures + 1): the comparison is with
     what the first request asked for, so the identical request is not refused, and one that
     asks for the raised value is."""
     world.setup()
@@ -127,17 +132,6 @@ def test_after_an_operator_retry_the_same_request_still_finds_its_job(world):
     assert again["id"] == first["id"] and not again["is_new"]
     with pytest.raises(Conflict, match="differs in max attempts$"):
         world.job(idempotency_key=KEY, command=["false"], max_attempts=2)
-
-
-def test_a_job_keyed_before_0012_is_compared_with_its_columns(world):
-    """No kept request (the job was submitted before 0012): its columns stand in for it, all
-    but max_attempts, which a retry may have raised."""
-    world.setup()
-    first = world.job(idempotency_key=KEY, command=["make"], max_attempts=3)
-    world.conn.execute("DELETE FROM idempotent_requests")
-    assert world.job(idempotency_key=KEY, command=["make"], max_attempts=7)["id"] == first["id"]
-    with pytest.raises(Conflict, match="differs in command$"):
-        world.job(idempotency_key=KEY, command=["make", "all"], max_attempts=3)
 
 
 def test_only_keyed_submits_keep_their_request(world):

@@ -1,40 +1,13 @@
--- 0012_idempotency_conflicts: a submit that repeats an idempotency key with a different
--- request is refused (PD409), and an unknown dependency is named by its id.
---
--- Before: a second submit with a project's key returned the job of the first whatever it
--- asked for, so a client that reused a key for another build was told its build was queued
--- while the first one ran instead. Now the repeat must ask for the same job: the same pool,
--- target, command, priority, attempts, timeout, approval and dependencies (as a set). The
--- delay is not compared: each request's delay runs from its own arrival, so a retried
--- request cannot repeat it exactly. A differing repeat raises
---   idempotency key already used for job 41 by a request that differs in command, priority
--- and writes nothing, like the other refusals (docs/operations.md, "Idempotency keys").
---
--- The request is compared with what the first submit asked for, kept in
--- `idempotent_requests` for keyed jobs only, not with the job as it is now: an operator's
--- retry raises a job's max_attempts, and the identical request must still find its job.
--- Jobs keyed before 0012 have no kept request; they are compared with their columns, all
--- but max_attempts.
---
--- "unknown dependency in {7,999999}" (PostgreSQL's array text, naming the known id too)
--- becomes "unknown dependency 999999" ("unknown dependencies 5, 6" for several; the first
--- five and the count past that).
---
--- pgd_submit is restated in full (as in 0009) with these changes; its ON CONFLICT and its
--- key lookup are as they were.
-
--- What a keyed submit asked for, as pgd_submit_request built it. Written once, with the job.
-CREATE TABLE idempotent_requests (
-    job_id  bigint PRIMARY KEY REFERENCES jobs (id),
-    request jsonb NOT NULL
-);
+-- Submitting: a job enters the queue, with its idempotency key, dependencies and approval,
+-- and wakes the schedulers of its pool. Tables: sql/schema.sql (jobs, job_dependencies,
+-- idempotent_requests).
 
 -- A submit's request in the form kept and compared: resolved pool and target ids, the
 -- dependencies as a sorted set. Keys are the field names the refusal prints.
-CREATE FUNCTION pgd_submit_request(p_pool_id bigint, p_target_id bigint, p_command text[],
-                                   p_priority integer, p_max_attempts integer,
-                                   p_timeout_seconds integer, p_requires_approval boolean,
-                                   p_depends_on bigint[])
+CREATE OR REPLACE FUNCTION pgd_submit_request(p_pool_id bigint, p_target_id bigint, p_command text[],
+                                              p_priority integer, p_max_attempts integer,
+                                              p_timeout_seconds integer, p_requires_approval boolean,
+                                              p_depends_on bigint[])
 RETURNS jsonb
 LANGUAGE sql IMMUTABLE AS $$
     SELECT jsonb_build_object(
@@ -48,7 +21,7 @@ $$;
 -- The fields in which p_request differs from what job p_job_id's submit asked for, in the
 -- order pool, target, command, priority, max attempts, timeout, approval, dependencies;
 -- empty when it asks for the same job.
-CREATE FUNCTION pgd_submit_differences(p_job_id bigint, p_request jsonb)
+CREATE OR REPLACE FUNCTION pgd_submit_differences(p_job_id bigint, p_request jsonb)
 RETURNS text[]
 LANGUAGE sql STABLE AS $$
     SELECT ARRAY(
@@ -57,22 +30,13 @@ LANGUAGE sql STABLE AS $$
                             'approval', 'dependencies']) WITH ORDINALITY AS f(name, ord)
          WHERE (k.request -> f.name) IS DISTINCT FROM (p_request -> f.name)
          ORDER BY f.ord)
-      FROM (SELECT coalesce(
-                (SELECT r.request FROM idempotent_requests r WHERE r.job_id = j.id),
-                -- keyed before 0012: the job's columns; max_attempts is left out, since a
-                -- retry may have raised it
-                pgd_submit_request(j.pool_id, j.target_id, j.command, j.priority,
-                                   (p_request ->> 'max attempts')::integer, j.timeout_seconds,
-                                   j.requires_approval,
-                                   ARRAY(SELECT d.depends_on_job_id FROM job_dependencies d
-                                          WHERE d.job_id = j.id))) AS request
-              FROM jobs j
-             WHERE j.id = p_job_id) k
+      FROM idempotent_requests k
+     WHERE k.job_id = p_job_id
 $$;
 
 -- The job p_job_id found under a repeated key, or PD409 when p_request differs from the
 -- request that made it.
-CREATE FUNCTION pgd_submit_repeat(p_job_id bigint, p_request jsonb)
+CREATE OR REPLACE FUNCTION pgd_submit_repeat(p_job_id bigint, p_request jsonb)
 RETURNS bigint
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
@@ -88,12 +52,21 @@ BEGIN
 END;
 $$;
 
--- submit: as in 0009, with a repeated key checked against the request that made its job
--- (kept with a keyed job), and unknown dependencies named by id.
+-- submit: enqueue one job of project p_project on pool p_pool (to target p_target for a
+-- deployment), audited as a 'submit_job' event by p_submitted_by in the same transaction.
+-- A job with pending dependencies or that requires approval starts 'blocked', else
+-- 'queued' with ready_at = now() + p_delay_seconds. A repeated p_idempotency_key (per
+-- project) returns the first job with is_new false when the request is the same
+-- (pgd_submit_request; the delay is not compared) and PD409 naming the fields that differ
+-- otherwise; two submits racing with one key make one job (ON CONFLICT on
+-- jobs_idempotency_key_idx). Unknown dependencies are named by id. Dependencies are held
+-- FOR SHARE until the commit, so that none of them can fail between the check and the
+-- insert. Raises PD404 unknown project, pool, target or dependency; PD422 pool not granted,
+-- a dependency already failed or cancelled; PD409 a key reused by a different request.
 CREATE OR REPLACE FUNCTION pgd_submit(p_project text, p_pool text, p_target text, p_command text[],
-                           p_priority integer, p_max_attempts integer, p_timeout_seconds integer,
-                           p_delay_seconds double precision, p_requires_approval boolean,
-                           p_depends_on bigint[], p_idempotency_key text, p_submitted_by text)
+                                      p_priority integer, p_max_attempts integer, p_timeout_seconds integer,
+                                      p_delay_seconds double precision, p_requires_approval boolean,
+                                      p_depends_on bigint[], p_idempotency_key text, p_submitted_by text)
 RETURNS TABLE (job_id bigint, is_new boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -183,6 +156,42 @@ BEGIN
     IF v_request IS NOT NULL THEN
         INSERT INTO idempotent_requests (job_id, request) VALUES (v_id, v_request);
     END IF;
+    PERFORM pgd_audit(p_submitted_by, 'submit_job', 'job:' || v_id, NULL,
+                      jsonb_build_object('project', p_project, 'pool', p_pool, 'target', p_target));
     RETURN QUERY SELECT v_id, true;
 END;
 $$;
+
+-- Wake-ups: idle schedulers are woken with NOTIFY when a job becomes claimable now, instead
+-- of waiting for their next poll (measured in docs/benchmarks.md, "Wake-ups").
+--
+-- A job becomes claimable when it is inserted as queued and ready, or moves into queued with
+-- ready_at already reached: submit, approve, resume... (pgd_release_dependents, hand-back,
+-- operator retry). Then the transaction sends NOTIFY pgdispatch_queued with the job's pool id
+-- as payload; PostgreSQL delivers it at commit and folds identical notifications of one
+-- transaction into one (PostgreSQL docs, NOTIFY), so a bulk submit to one pool sends one.
+-- Claims, completions that succeed, heartbeats and expiry with backoff never match the WHEN
+-- clauses: notifying commits take one cluster-wide lock in commit order, which the hot path
+-- must not pay. A retry whose backoff has not elapsed is left to the 1 s poll, which stays.
+--
+-- Switch: ALTER DATABASE ... SET pgdispatch.notify = 'off' (or per role / session) stops the
+-- notifications; schedulers then find work by polling alone.
+CREATE OR REPLACE FUNCTION pgd_notify_queued() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF coalesce(current_setting('pgdispatch.notify', true), '') <> 'off' THEN
+        PERFORM pg_notify('pgdispatch_queued', NEW.pool_id::text);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER jobs_notify_queued_insert
+    AFTER INSERT ON jobs FOR EACH ROW
+    WHEN (NEW.state = 'queued' AND NEW.ready_at <= now())
+    EXECUTE FUNCTION pgd_notify_queued();
+
+CREATE OR REPLACE TRIGGER jobs_notify_queued_update
+    AFTER UPDATE OF state ON jobs FOR EACH ROW
+    WHEN (NEW.state = 'queued' AND OLD.state <> 'queued' AND NEW.ready_at <= now())
+    EXECUTE FUNCTION pgd_notify_queued();

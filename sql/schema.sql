@@ -1,17 +1,20 @@
--- 0001_initial: the pgdispatch schema.
+-- The pgdispatch schema as it is now: every table, column, constraint, index and type.
+-- This is the file to read, and to edit together with a new migration (docs/contributing.md);
+-- the functions and triggers that use these tables are in sql/functions/*.sql.
 --
--- Capacity is kept as counter columns (organizations.running, projects.running,
--- pools.running) that every transition changes under a row lock taken in the documented
--- lock order: organization -> project -> pool -> job -> target -> attempt.
--- The CHECK constraints below are the invariants the database can enforce by itself;
--- "running <= limit under concurrency" is guaranteed by the transitions (the functions in
--- 0002_transitions.sql, called through sql/*.sql) and proven by tests/concurrency.
+-- The CHECK constraints are the invariants the database enforces by itself (DESIGN.md,
+-- "Invariants"): states, non-negative limits and counters, one running attempt per job and
+-- one holder per target (unique indexes), unique (job, attempt number), (job, generation)
+-- and claim token. "Running <= limit under concurrency" is what the transitions guarantee
+-- (sql/functions/claim.sql and capacity.sql) and tests/concurrency proves.
+--
+-- tests/sql/test_schema.py fails when a database built by `pgdispatch db upgrade` (the
+-- migrations in sql/migrations/, then the function files) differs from this file.
 
 CREATE TABLE organizations (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name        text NOT NULL UNIQUE CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$'),
     max_running integer NOT NULL CHECK (max_running >= 0),
-    running     integer NOT NULL DEFAULT 0 CHECK (running >= 0),
     created_at  timestamptz NOT NULL DEFAULT now()
 ) WITH (fillfactor = 50);
 
@@ -19,7 +22,6 @@ CREATE TABLE pools (
     id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name       text NOT NULL UNIQUE CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$'),
     slots      integer NOT NULL CHECK (slots >= 0),
-    running    integer NOT NULL DEFAULT 0 CHECK (running >= 0),
     created_at timestamptz NOT NULL DEFAULT now()
 ) WITH (fillfactor = 50);
 
@@ -29,7 +31,6 @@ CREATE TABLE projects (
     name            text NOT NULL UNIQUE CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$'),
     weight          integer NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
     max_running     integer CHECK (max_running >= 0),
-    running         integer NOT NULL DEFAULT 0 CHECK (running >= 0),
     paused_at       timestamptz,
     pause_reason    text,
     paused_by       text,
@@ -122,7 +123,6 @@ CREATE TABLE jobs (
     created_at           timestamptz NOT NULL DEFAULT now(),
     started_at           timestamptz,
     finished_at          timestamptz,
-    UNIQUE (project_id, idempotency_key),
     CHECK (state <> 'blocked'
            OR pending_dependencies > 0
            OR (requires_approval AND approved_at IS NULL)),
@@ -139,8 +139,13 @@ CREATE INDEX jobs_blocked_idx ON jobs (project_id, pool_id) WHERE state = 'block
 CREATE INDEX jobs_waiting_idx ON jobs (id) INCLUDE (project_id, pool_id)
     WHERE state IN ('blocked', 'queued', 'uncertain');
 CREATE INDEX jobs_active_idx ON jobs (project_id) WHERE state IN ('running', 'uncertain');
-CREATE INDEX jobs_created_idx ON jobs (created_at);
 CREATE INDEX jobs_finished_idx ON jobs (finished_at) WHERE finished_at IS NOT NULL;
+-- The Jobs page and `jobs list`: newest first within a state, keyset by id.
+CREATE INDEX jobs_state_idx ON jobs (state, id);
+-- One job per (project, idempotency key); partial, so unkeyed jobs add no entry. pgd_submit's
+-- INSERT ... ON CONFLICT names this index's columns and predicate.
+CREATE UNIQUE INDEX jobs_idempotency_key_idx ON jobs (project_id, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
 -- Never two deployments on one target, enforced by the database itself.
 CREATE UNIQUE INDEX jobs_one_holder_per_target ON jobs (target_id)
     WHERE state IN ('running', 'uncertain') AND target_id IS NOT NULL;
@@ -174,6 +179,10 @@ CREATE TABLE attempts (
     exit_code         integer,
     error             text,
     output_tail       text,
+    -- the stripes (capacity_stripes.stripe_no) of the organization slot and the pool slot
+    -- the attempt holds while it runs: a release subtracts from these
+    organization_stripe smallint,
+    pool_stripe         smallint,
     UNIQUE (job_id, attempt_no),
     UNIQUE (job_id, generation),
     CHECK ((state = 'running') = (finished_at IS NULL))
@@ -184,6 +193,7 @@ CREATE UNIQUE INDEX attempts_one_running_per_job ON attempts (job_id) WHERE stat
 CREATE INDEX attempts_lease_idx ON attempts (lease_expires_at) WHERE state = 'running';
 CREATE INDEX attempts_runner_idx ON attempts (runner_id) WHERE state = 'running';
 
+-- The first answer to each completion's receipt key; append-only (sql/functions/audit.sql).
 CREATE TABLE delivery_receipts (
     key        text PRIMARY KEY CHECK (length(key) BETWEEN 1 AND 200),
     attempt_id bigint NOT NULL REFERENCES attempts (id),
@@ -192,16 +202,7 @@ CREATE TABLE delivery_receipts (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 
-CREATE FUNCTION pgd_forbid_change() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION '% rows are immutable', TG_TABLE_NAME USING ERRCODE = 'PDIMM';
-END;
-$$;
-CREATE TRIGGER delivery_receipts_immutable BEFORE UPDATE OR DELETE ON delivery_receipts
-    FOR EACH ROW EXECUTE FUNCTION pgd_forbid_change();
-CREATE TRIGGER delivery_receipts_no_truncate BEFORE TRUNCATE ON delivery_receipts
-    FOR EACH STATEMENT EXECUTE FUNCTION pgd_forbid_change();
-
+-- Append-only (triggers in sql/functions/audit.sql); the actor is the authenticated identity.
 CREATE TABLE audit_events (
     id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at      timestamptz NOT NULL DEFAULT now(),
@@ -213,10 +214,6 @@ CREATE TABLE audit_events (
 );
 CREATE INDEX audit_events_subject_idx ON audit_events (subject, id DESC);
 CREATE INDEX audit_events_at_idx ON audit_events (at DESC);
-CREATE TRIGGER audit_events_immutable BEFORE UPDATE OR DELETE ON audit_events
-    FOR EACH ROW EXECUTE FUNCTION pgd_forbid_change();
-CREATE TRIGGER audit_events_no_truncate BEFORE TRUNCATE ON audit_events
-    FOR EACH STATEMENT EXECUTE FUNCTION pgd_forbid_change();
 
 -- Refreshed every few seconds by a scheduler job (summarize_queue); the overview reads it
 -- instead of counting job rows.
@@ -234,4 +231,43 @@ CREATE TABLE queue_summaries (
     oldest_ready_at timestamptz,
     refreshed_at    timestamptz NOT NULL,
     PRIMARY KEY (project_id, pool_id)
+);
+
+-- Organization and pool capacity, as pgd_capacity_stripes() (8) stripes per owner: stripe k
+-- holds `held` of its `cap` slots. How claims, releases and limit changes use them, and the
+-- invariant sum(cap) - owed = limit: sql/functions/capacity.sql. Organizations and pools are
+-- never deleted (config apply only upserts), so owner_id has no foreign key: one table for
+-- both kinds lets a release lock and update all its stripes in one ordered statement.
+-- fillfactor 20 leaves room on each page for the row's next version (a HOT update, no index
+-- entry): the rows are few and updated on every claim and release.
+CREATE TABLE capacity_stripes (
+    kind      text NOT NULL CHECK (kind IN ('organization', 'pool')),
+    owner_id  bigint NOT NULL,
+    stripe_no smallint NOT NULL CHECK (stripe_no BETWEEN 1 AND 8),
+    cap       integer NOT NULL,
+    held      integer NOT NULL DEFAULT 0,
+    CHECK (held >= 0 AND held <= cap),
+    PRIMARY KEY (kind, owner_id, stripe_no)
+) WITH (fillfactor = 20);
+
+-- Slots owed: a limit lowered below the slots held is paid back as jobs end. No row while
+-- nothing is owed (the usual case: a release probes for any row first).
+CREATE TABLE capacity_debts (
+    kind     text NOT NULL CHECK (kind IN ('organization', 'pool')),
+    owner_id bigint NOT NULL,
+    owed     integer NOT NULL CHECK (owed > 0),
+    PRIMARY KEY (kind, owner_id)
+);
+
+-- What a keyed submit asked for, as pgd_submit_request built it (sql/functions/submit.sql).
+-- Written once, with the job; a repeated key is compared with it.
+CREATE TABLE idempotent_requests (
+    job_id  bigint PRIMARY KEY REFERENCES jobs (id),
+    request jsonb NOT NULL
+);
+
+-- One item of pgd_complete_batch's fast path, as read under the batch's locks.
+CREATE TYPE pgd_fast_completion AS (
+    ord bigint, attempt_id bigint, job_id bigint, org_id bigint, project_id bigint, pool_id bigint,
+    receipt_key text, exit_code integer, error text, output_tail text, ready_at timestamptz
 );

@@ -1,0 +1,393 @@
+-- Claiming: the one transaction that selects eligible work, takes it, reserves its capacity
+-- and starts an attempt -- or does nothing. Nothing is held open while the work runs.
+--
+-- pgd_claim (one job) and pgd_claim_batch (up to 1000 builds of one project and pool) walk
+-- pgd_claim_candidates in fairness order. Locks are taken in the documented order (docs/
+-- design.md, "Lock order"): job (FOR NO KEY UPDATE SKIP LOCKED: a job another claimer is
+-- taking is passed, never waited for) -> target (a deployment's, only while free) -> the
+-- project claim lock -> the project row (SKIP LOCKED, for the last_claimed_at stamp) ->
+-- organization stripes -> pool stripes (SKIP LOCKED; sql/functions/capacity.sql). The
+-- shared rows come last, so that they are held only from their update to the commit.
+-- Times come from the database clock, never the caller's.
+--
+-- SQLSTATEs raised: PD404 unknown runner, PD422 bad lease or batch size. PDSKP is private:
+-- "this candidate lost a race, try the next one".
+
+-- The pools a claim by p_runner_id may take from: p_pool_ids that the runner serves; NULL
+-- when the runner is draining or stopped (it claims nothing). Checks the lease (seconds).
+-- Raises PD422 for a lease outside (0, 86400], PD404 for an unknown runner.
+CREATE OR REPLACE FUNCTION pgd_runner_pools(p_runner_id bigint, p_pool_ids bigint[], p_lease_seconds double precision)
+RETURNS bigint[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_runner runners%ROWTYPE;
+BEGIN
+    IF p_lease_seconds IS NULL OR p_lease_seconds <= 0 OR p_lease_seconds > 86400 THEN
+        RAISE EXCEPTION 'lease seconds must be in (0, 86400], got %', p_lease_seconds
+            USING ERRCODE = 'PD422';
+    END IF;
+    SELECT * INTO v_runner FROM runners r WHERE r.id = p_runner_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown runner %', p_runner_id USING ERRCODE = 'PD404';
+    END IF;
+    IF v_runner.draining OR v_runner.stopped_at IS NOT NULL THEN
+        RETURN NULL;
+    END IF;
+    RETURN ARRAY(SELECT unnest(p_pool_ids) INTERSECT SELECT unnest(v_runner.pool_ids));
+END;
+$$;
+
+-- The next (organization, project, pool) combinations to try, best first under the fairness
+-- policy (docs/fairness.md): fewest running jobs per unit of weight, then the project
+-- claimed least recently, then by id. A combination qualifies when its project is not
+-- paused and under its bound, its organization (unless p_org_id names one) and its pool
+-- have a stripe with room, and it has a job that is queued, ready and, for a deployment,
+-- whose target is free. Read without locks: the claim re-checks each under its locks.
+-- Every EXISTS is written `LIMIT 1 OFFSET 0` so that the planner keeps it a probe of one
+-- index entry instead of a join over all the rows (tests/sql/test_query_plan.py).
+CREATE OR REPLACE FUNCTION pgd_claim_candidates(p_pool_ids bigint[], p_org_id bigint)
+RETURNS TABLE (org_id bigint, project_id bigint, pool_id bigint)
+LANGUAGE sql STABLE AS $$
+    SELECT p.organization_id AS org_id, pp.project_id, pp.pool_id
+      FROM project_pools pp
+      JOIN projects p ON p.id = pp.project_id
+      JOIN organizations o ON o.id = p.organization_id
+      JOIN pools q ON q.id = pp.pool_id
+     CROSS JOIN LATERAL (SELECT count(*)::integer AS running FROM jobs j
+                          WHERE j.project_id = p.id AND j.state = 'running') r
+     WHERE pp.pool_id = ANY (p_pool_ids)
+       AND p.paused_at IS NULL
+       AND CASE WHEN p_org_id IS NULL
+                THEN EXISTS (SELECT 1 FROM capacity_stripes s
+                              WHERE s.kind = 'organization' AND s.owner_id = o.id
+                                AND s.held < s.cap
+                              LIMIT 1 OFFSET 0)
+                ELSE o.id = p_org_id END
+       AND (p.max_running IS NULL OR r.running < p.max_running)
+       AND EXISTS (SELECT 1 FROM capacity_stripes s
+                    WHERE s.kind = 'pool' AND s.owner_id = q.id AND s.held < s.cap
+                    LIMIT 1 OFFSET 0)
+       AND EXISTS (SELECT 1
+                     FROM jobs j
+                    WHERE j.project_id = p.id AND j.pool_id = pp.pool_id
+                      AND j.state = 'queued' AND j.ready_at <= now()
+                      AND (j.target_id IS NULL
+                           OR EXISTS (SELECT 1 FROM targets t
+                                       WHERE t.id = j.target_id AND t.state = 'free'))
+                    ORDER BY j.priority DESC, j.id
+                    LIMIT 1 OFFSET 0)
+     ORDER BY r.running::float8 / p.weight, p.last_claimed_at NULLS FIRST, p.id, pp.pool_id
+     LIMIT 16
+$$;
+
+-- Whether a fresh read of this organization's candidates puts another project ahead of
+-- p_project, whose running count is p_running, in pgd_claim_candidates' order, with running
+-- counts read from the jobs (inline, as there). The caller holds p_project's exclusive claim
+-- lock, so that the claims of p_project queued ahead of it have committed when it reads the
+-- shares.
+CREATE OR REPLACE FUNCTION pgd_fairer_candidate_exists(p_pool_ids bigint[], p_org_id bigint, p_project projects,
+                                                       p_running integer)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1
+          FROM pgd_claim_candidates(p_pool_ids, p_org_id) f
+          JOIN projects p ON p.id = f.project_id
+         CROSS JOIN LATERAL (SELECT count(*)::integer AS running FROM jobs j
+                              WHERE j.project_id = p.id AND j.state = 'running') r
+         WHERE p.id <> p_project.id
+           AND (r.running::float8 / p.weight < p_running::float8 / p_project.weight
+                OR (r.running::float8 / p.weight = p_running::float8 / p_project.weight
+                    AND ((p.last_claimed_at IS NULL AND p_project.last_claimed_at IS NOT NULL)
+                         OR p.last_claimed_at < p_project.last_claimed_at
+                         OR (p.last_claimed_at IS NOT DISTINCT FROM p_project.last_claimed_at
+                             AND p.id < p_project.id)))))
+$$;
+
+-- claim: take the next eligible job for runner p_runner_id from p_pool_ids, or nothing.
+-- For each candidate in fairness order, in a subtransaction (so that a lost race undoes
+-- only that candidate's locks, SQLSTATE PDSKP): the job (SKIP LOCKED), a deployment's free
+-- target, the project claim lock (sql/functions/capacity.sql), the pause and bound checks
+-- under it, the fairness re-check while capacity is scarce, a slot of the organization and
+-- one of the pool from stripes with room (SKIP LOCKED); then the job's generation (the
+-- fence) is bumped and the attempt inserted with its lease of p_lease_seconds and the
+-- caller's claim token (so that a caller that lost the answer can ask whether it committed).
+-- A second pass runs only when the first passed a project over for a reason the second can
+-- settle (a bound met under the shared lock, or a fairer project found).
+CREATE OR REPLACE FUNCTION pgd_claim(p_runner_id bigint, p_pool_ids bigint[], p_claim_token uuid,
+                                     p_lease_seconds double precision)
+RETURNS TABLE (job_id bigint, attempt_id bigint, attempt_no integer, generation bigint,
+               lease_expires_at timestamptz, project_id bigint, pool_id bigint,
+               target_id bigint, command text[], timeout_seconds integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_pools   bigint[];
+    c         record;
+    v_pass    integer;
+    v_retry   boolean;
+    v_proj    projects%ROWTYPE;
+    v_scarce  boolean;
+    v_excl    boolean;
+    v_running integer;
+    v_job     jobs%ROWTYPE;
+    v_attempt bigint;
+    v_claimed timestamptz;
+    v_lease   timestamptz;
+    v_racing  integer;
+    v_org_stripe  smallint;
+    v_pool_stripe smallint;
+BEGIN
+    v_pools := pgd_runner_pools(p_runner_id, p_pool_ids, p_lease_seconds);
+    IF v_pools IS NULL THEN
+        RETURN;  -- the runner is draining or stopped
+    END IF;
+    v_racing := pgd_racing_claims();
+
+    FOR v_pass IN 1..2 LOOP
+        v_retry := false;
+        FOR c IN SELECT * FROM pgd_claim_candidates(v_pools, NULL) LOOP
+        BEGIN
+            -- SKIP LOCKED: a job another claimer is taking is not waited for, just passed.
+            SELECT j.* INTO v_job
+              FROM jobs j
+             WHERE j.project_id = c.project_id AND j.pool_id = c.pool_id
+               AND j.state = 'queued' AND j.ready_at <= now()
+               AND (j.target_id IS NULL
+                    OR EXISTS (SELECT 1 FROM targets t WHERE t.id = j.target_id AND t.state = 'free'))
+             ORDER BY j.priority DESC, j.id
+             LIMIT 1
+               FOR NO KEY UPDATE OF j SKIP LOCKED;
+            IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+
+            IF v_job.target_id IS NOT NULL THEN
+                -- Waits if another claimer is taking this target, then re-checks 'free'.
+                UPDATE targets t SET state = 'held', holder_job_id = v_job.id, held_since = now()
+                 WHERE t.id = v_job.target_id AND t.state = 'free';
+                IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+            END IF;
+
+            -- the project's claim lock (sql/functions/capacity.sql)
+            v_scarce := pgd_capacity_scarce(c.org_id, c.pool_id, v_racing);
+            v_excl := v_scarce OR EXISTS (SELECT 1 FROM projects p
+                                           WHERE p.id = c.project_id AND p.max_running IS NOT NULL);
+            IF v_excl THEN
+                PERFORM pg_advisory_xact_lock(pgd_claim_lock_class(), pgd_claim_lock_key(c.project_id));
+            ELSE
+                PERFORM pg_advisory_xact_lock_shared(pgd_claim_lock_class(), pgd_claim_lock_key(c.project_id));
+            END IF;
+            SELECT * INTO v_proj FROM projects p WHERE p.id = c.project_id;
+            IF v_proj.paused_at IS NOT NULL THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+            v_running := NULL;
+            IF v_proj.max_running IS NOT NULL THEN
+                IF NOT v_excl THEN
+                    -- bounded since the read above: the next pass takes the exclusive lock
+                    v_retry := true;
+                    RAISE EXCEPTION USING ERRCODE = 'PDSKP';
+                END IF;
+                v_running := pgd_project_running(v_proj.id);
+                IF v_running >= v_proj.max_running THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+            END IF;
+            IF v_pass = 1 AND v_scarce AND pgd_fairer_candidate_exists(
+                   v_pools, c.org_id, v_proj, coalesce(v_running, pgd_project_running(v_proj.id))) THEN
+                v_retry := true;
+                RAISE EXCEPTION USING ERRCODE = 'PDSKP';
+            END IF;
+            UPDATE projects p SET last_claimed_at = clock_timestamp()
+             WHERE p.id = (SELECT x.id FROM projects x WHERE x.id = v_proj.id
+                             FOR NO KEY UPDATE SKIP LOCKED);
+
+            -- a slot of the organization and one of the pool, each from a stripe with room
+            -- taken SKIP LOCKED in this backend's order (pgd_take_slots for one slot, written
+            -- out: two statements instead of four calls on the single-claim path)
+            UPDATE capacity_stripes s SET held = s.held + 1
+             WHERE (s.kind, s.owner_id, s.stripe_no) = (
+                   SELECT f.kind, f.owner_id, f.stripe_no FROM capacity_stripes f
+                    WHERE f.kind = 'organization' AND f.owner_id = c.org_id AND f.held < f.cap
+                    ORDER BY pgd_stripe_order(f.stripe_no)
+                    LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)
+            RETURNING s.stripe_no INTO v_org_stripe;
+            IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+            UPDATE capacity_stripes s SET held = s.held + 1
+             WHERE (s.kind, s.owner_id, s.stripe_no) = (
+                   SELECT f.kind, f.owner_id, f.stripe_no FROM capacity_stripes f
+                    WHERE f.kind = 'pool' AND f.owner_id = c.pool_id AND f.held < f.cap
+                    ORDER BY pgd_stripe_order(f.stripe_no)
+                    LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)
+            RETURNING s.stripe_no INTO v_pool_stripe;
+            IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+
+            UPDATE jobs j
+               SET state = 'running', generation = j.generation + 1,
+                   attempts_made = j.attempts_made + 1,
+                   started_at = coalesce(j.started_at, now())
+             WHERE j.id = v_job.id
+            RETURNING * INTO v_job;
+
+            -- claimed_at is the clock now, after every reservation: [claimed_at,
+            -- finished_at) of an attempt lies inside the time its slots are held
+            v_claimed := clock_timestamp();
+            v_lease := v_claimed + make_interval(secs => p_lease_seconds);
+            INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
+                                  claimed_at, lease_expires_at, last_heartbeat_at,
+                                  organization_stripe, pool_stripe)
+            VALUES (v_job.id, v_job.attempts_made, v_job.generation, p_runner_id, p_claim_token,
+                    'running', v_claimed, v_lease, now(), v_org_stripe, v_pool_stripe)
+            RETURNING id INTO v_attempt;
+
+            RETURN QUERY SELECT v_job.id, v_attempt, v_job.attempts_made, v_job.generation, v_lease,
+                                v_job.project_id, v_job.pool_id, v_job.target_id, v_job.command,
+                                v_job.timeout_seconds;
+            RETURN;
+        EXCEPTION WHEN SQLSTATE 'PDSKP' THEN
+            NULL;  -- lost a race for this candidate; its locks went with the subtransaction
+        END;
+        END LOOP;
+        EXIT WHEN NOT v_retry;
+    END LOOP;
+    RETURN;
+END;
+$$;
+
+-- claim_batch: up to cardinality(p_claim_tokens) builds (no deployments) of one candidate
+-- in one transaction, as pgd_claim takes one. The free capacity read without locks (the
+-- stripes' room, the project's bound) sizes the jobs locked; under the project's claim lock
+-- up to n slots of the organization, then as many of the pool, are taken from stripes with
+-- room (pgd_take_slots): the batch takes as many jobs as both gave, and each attempt records
+-- the stripes of its two slots. Returns one row per job taken, with its claim token.
+CREATE OR REPLACE FUNCTION pgd_claim_batch(p_runner_id bigint, p_pool_ids bigint[], p_claim_tokens uuid[],
+                                           p_lease_seconds double precision)
+RETURNS TABLE (job_id bigint, attempt_id bigint, attempt_no integer, generation bigint,
+               lease_expires_at timestamptz, project_id bigint, pool_id bigint,
+               target_id bigint, command text[], timeout_seconds integer, claim_token uuid)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    v_pools   bigint[];
+    v_want    integer := coalesce(cardinality(p_claim_tokens), 0);
+    c         record;
+    v_pass    integer;
+    v_retry   boolean;
+    v_proj    projects%ROWTYPE;
+    v_scarce  boolean;
+    v_excl    boolean;
+    v_running integer;
+    v_free    integer;
+    v_ids     bigint[];
+    v_racing  integer;
+    v_org_units  smallint[];
+    v_pool_units smallint[];
+    v_n       integer;
+    v_claimed timestamptz;
+    v_lease   timestamptz;
+BEGIN
+    IF v_want < 1 OR v_want > 1000 THEN
+        RAISE EXCEPTION 'a batch claims 1 to 1000 jobs, got %', v_want USING ERRCODE = 'PD422';
+    END IF;
+    v_pools := pgd_runner_pools(p_runner_id, p_pool_ids, p_lease_seconds);
+    IF v_pools IS NULL THEN
+        RETURN;  -- the runner is draining or stopped
+    END IF;
+    v_racing := pgd_racing_claims();
+
+    FOR v_pass IN 1..2 LOOP
+        v_retry := false;
+        FOR c IN SELECT * FROM pgd_claim_candidates(v_pools, NULL) LOOP
+        BEGIN
+            -- the free capacity as read without locks sizes the jobs locked below
+            SELECT least(CASE WHEN p.max_running IS NULL THEN v_want
+                              ELSE p.max_running - pgd_project_running(p.id) END,
+                         v_want,
+                         pgd_free_slots('organization', c.org_id),
+                         pgd_free_slots('pool', c.pool_id))
+              INTO v_free
+              FROM projects p
+             WHERE p.id = c.project_id;
+            IF v_free < 1 THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+            -- SKIP LOCKED: jobs other claimers are taking are passed over, not waited for
+            v_ids := ARRAY(
+                SELECT j.id FROM jobs j
+                 WHERE j.project_id = c.project_id AND j.pool_id = c.pool_id
+                   AND j.state = 'queued' AND j.ready_at <= now() AND j.target_id IS NULL
+                 ORDER BY j.priority DESC, j.id
+                 LIMIT v_free
+                   FOR NO KEY UPDATE OF j SKIP LOCKED);
+            IF cardinality(v_ids) = 0 THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+
+            -- the project's claim lock, as in pgd_claim
+            v_scarce := pgd_capacity_scarce(c.org_id, c.pool_id, v_racing);
+            v_excl := v_scarce OR EXISTS (SELECT 1 FROM projects p
+                                           WHERE p.id = c.project_id AND p.max_running IS NOT NULL);
+            IF v_excl THEN
+                PERFORM pg_advisory_xact_lock(pgd_claim_lock_class(), pgd_claim_lock_key(c.project_id));
+            ELSE
+                PERFORM pg_advisory_xact_lock_shared(pgd_claim_lock_class(), pgd_claim_lock_key(c.project_id));
+            END IF;
+            SELECT * INTO v_proj FROM projects p WHERE p.id = c.project_id;
+            IF v_proj.paused_at IS NOT NULL THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+            v_running := NULL;
+            IF v_proj.max_running IS NOT NULL THEN
+                IF NOT v_excl THEN
+                    v_retry := true;  -- bounded since the read above: the next pass locks it
+                    RAISE EXCEPTION USING ERRCODE = 'PDSKP';
+                END IF;
+                v_running := pgd_project_running(v_proj.id);
+            END IF;
+            IF v_pass = 1 AND v_scarce AND pgd_fairer_candidate_exists(
+                   v_pools, c.org_id, v_proj, coalesce(v_running, pgd_project_running(v_proj.id))) THEN
+                v_retry := true;
+                RAISE EXCEPTION USING ERRCODE = 'PDSKP';
+            END IF;
+            v_n := least(cardinality(v_ids), coalesce(v_proj.max_running - v_running, v_want));
+            IF v_n < 1 THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+            -- up to v_n slots of the organization, then as many of the pool; the count taken
+            -- is what both gave (stripes locked beyond it keep their room, locked until the
+            -- commit, and are skipped meanwhile)
+            v_org_units := pgd_take_slots('organization', c.org_id, v_n);
+            v_pool_units := pgd_take_slots('pool', c.pool_id, cardinality(v_org_units));
+            v_n := cardinality(v_pool_units);
+            IF v_n < 1 THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+            v_org_units := v_org_units[1:v_n];
+            v_ids := v_ids[1:v_n];
+            PERFORM pgd_hold_slots('organization', c.org_id, v_org_units);
+            PERFORM pgd_hold_slots('pool', c.pool_id, v_pool_units);
+
+            UPDATE projects p SET last_claimed_at = clock_timestamp()
+             WHERE p.id = (SELECT x.id FROM projects x WHERE x.id = v_proj.id
+                             FOR NO KEY UPDATE SKIP LOCKED);
+
+            v_claimed := clock_timestamp();
+            v_lease := v_claimed + make_interval(secs => p_lease_seconds);
+            RETURN QUERY
+            WITH taken AS (
+                UPDATE jobs j
+                   SET state = 'running', generation = j.generation + 1,
+                       attempts_made = j.attempts_made + 1,
+                       started_at = coalesce(j.started_at, now())
+                 WHERE j.id = ANY (v_ids)
+                RETURNING j.*
+            ), numbered AS (
+                SELECT t.*, row_number() OVER (ORDER BY t.priority DESC, t.id) AS n FROM taken t
+            ), inserted AS (
+                INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token,
+                                      state, claimed_at, lease_expires_at, last_heartbeat_at,
+                                      organization_stripe, pool_stripe)
+                SELECT n.id, n.attempts_made, n.generation, p_runner_id, p_claim_tokens[n.n],
+                       'running', v_claimed, v_lease, now(), v_org_units[n.n], v_pool_units[n.n]
+                  FROM numbered n
+                RETURNING attempts.id, attempts.job_id, attempts.claim_token
+            )
+            SELECT n.id, i.id, n.attempts_made, n.generation, v_lease, n.project_id, n.pool_id,
+                   n.target_id, n.command, n.timeout_seconds, i.claim_token
+              FROM numbered n JOIN inserted i ON i.job_id = n.id
+             ORDER BY n.n;
+            RETURN;
+        EXCEPTION WHEN SQLSTATE 'PDSKP' THEN
+            NULL;  -- nothing to take here; this candidate's locks went with its subtransaction
+        END;
+        END LOOP;
+        EXIT WHEN NOT v_retry;
+    END LOOP;
+    RETURN;
+END;
+$$;

@@ -1,0 +1,226 @@
+-- Operator actions: pause and resume a project, approve, cancel and retry a job, resolve an
+-- uncertain target. Each is one short transaction, conditional on the state the operator
+-- saw, so that of two operators acting at once one wins and the other is told why the
+-- subject is where it is (PDALR "already ... by alice at ...", or PD409 with the job's
+-- state note: "job 107 is cancelled and cannot be cancelled (dependency 102 cancelled, at
+-- ...)"). Every action is audited (pgd_audit, sql/functions/audit.sql) with the actor the
+-- caller authenticated. A pause or a bound change waits for the project's claims in flight
+-- (trigger pgd_project_claims_fence, sql/functions/capacity.sql).
+--
+-- SQLSTATEs raised, translated to Python exceptions in sql/errors.py:
+--   PD404 unknown entity          PD409 state is not the one the action expects
+--   PD422 invalid input           PDALR another actor already moved it on
+
+-- A time as the refusals print it (UTC, to the second, as pgd_last_actor does).
+CREATE OR REPLACE FUNCTION pgd_utc_text(p_at timestamptz) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"')
+$$;
+
+-- Why a job is in its state, for a refusal: its end (with the recorded reason and time), a
+-- cancel already asked for, or what it waits on.
+CREATE OR REPLACE FUNCTION pgd_job_state_note(v jobs) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN v.state = 'succeeded' THEN format('succeeded at %s', pgd_utc_text(v.finished_at))
+        WHEN v.state IN ('failed', 'cancelled') THEN
+            format('%s, at %s', coalesce(regexp_replace(left(v.last_error, 200), '\s+', ' ', 'g'), v.state),
+                   pgd_utc_text(v.finished_at))
+        WHEN v.state = 'running' AND v.cancel_requested_at IS NOT NULL THEN
+            format('cancel already requested by %s at %s', v.cancel_requested_by,
+                   pgd_utc_text(v.cancel_requested_at))
+        WHEN v.state = 'running' THEN 'it is running'
+        WHEN v.state = 'uncertain' THEN 'its deployment was lost; its target awaits an operator''s resolution'
+        ELSE 'it is waiting to run; jobs explain says on what'
+    END
+$$;
+
+-- pause / resume a project: conditional on the state the operator saw, audited.
+CREATE OR REPLACE FUNCTION pgd_pause_project(p_project text, p_reason text, p_actor text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v projects%ROWTYPE;
+BEGIN
+    IF p_reason IS NULL OR btrim(p_reason) = '' THEN
+        RAISE EXCEPTION 'a reason is required to pause a project' USING ERRCODE = 'PD422';
+    END IF;
+    SELECT * INTO v FROM projects WHERE name = p_project;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown project %', p_project USING ERRCODE = 'PD404';
+    END IF;
+    UPDATE projects SET paused_at = now(), pause_reason = p_reason, paused_by = p_actor
+     WHERE id = v.id AND paused_at IS NULL
+    RETURNING * INTO v;
+    IF NOT FOUND THEN
+        SELECT * INTO v FROM projects WHERE name = p_project;
+        RAISE EXCEPTION 'project % is already paused by %', p_project, pgd_last_actor('project:' || p_project)
+            USING ERRCODE = 'PDALR';
+    END IF;
+    PERFORM pgd_audit(p_actor, 'pause_project', 'project:' || p_project, p_reason);
+    RETURN jsonb_build_object('project', p_project, 'paused_at', v.paused_at, 'paused_by', p_actor);
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgd_resume_project(p_project text, p_reason text, p_actor text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_note text;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM projects WHERE name = p_project) THEN
+        RAISE EXCEPTION 'unknown project %', p_project USING ERRCODE = 'PD404';
+    END IF;
+    UPDATE projects SET paused_at = NULL, pause_reason = NULL, paused_by = NULL
+     WHERE name = p_project AND paused_at IS NOT NULL;
+    IF NOT FOUND THEN
+        -- who resumed it, when the last pause or resume on record was a resume
+        SELECT CASE WHEN e.action = 'resume_project'
+                    THEN format(' (resumed by %s at %s)', e.actor, pgd_utc_text(e.at)) END
+          INTO v_note
+          FROM audit_events e
+         WHERE e.subject = 'project:' || p_project AND e.action IN ('pause_project', 'resume_project')
+         ORDER BY e.id DESC LIMIT 1;
+        RAISE EXCEPTION 'project % is not paused%', p_project, coalesce(v_note, '')
+            USING ERRCODE = 'PDALR';
+    END IF;
+    PERFORM pgd_audit(p_actor, 'resume_project', 'project:' || p_project, p_reason);
+    RETURN jsonb_build_object('project', p_project, 'paused_at', NULL);
+END;
+$$;
+
+-- approve a job that requires approval; it becomes queued if no dependency is pending.
+CREATE OR REPLACE FUNCTION pgd_approve_job(p_job_id bigint, p_reason text, p_actor text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v jobs%ROWTYPE;
+BEGIN
+    SELECT * INTO v FROM jobs WHERE id = p_job_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown job %', p_job_id USING ERRCODE = 'PD404';
+    END IF;
+    IF NOT v.requires_approval THEN
+        RAISE EXCEPTION 'job % does not require approval', p_job_id USING ERRCODE = 'PD409';
+    END IF;
+    IF v.approved_at IS NOT NULL OR v.state <> 'blocked' THEN
+        RAISE EXCEPTION 'job % is already approved or ended (%, by %)', p_job_id, v.state,
+            coalesce(v.approved_by, pgd_last_actor('job:' || p_job_id)) USING ERRCODE = 'PDALR';
+    END IF;
+    UPDATE jobs
+       SET approved_at = now(), approved_by = p_actor,
+           state = CASE WHEN pending_dependencies = 0 THEN 'queued' ELSE 'blocked' END,
+           ready_at = CASE WHEN pending_dependencies = 0 THEN now() ELSE ready_at END
+     WHERE id = p_job_id
+    RETURNING * INTO v;
+    PERFORM pgd_audit(p_actor, 'approve_job', 'job:' || p_job_id, p_reason);
+    RETURN jsonb_build_object('job_id', p_job_id, 'state', v.state);
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgd_cancel_job(p_job_id bigint, p_reason text, p_actor text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v jobs%ROWTYPE;
+BEGIN
+    SELECT * INTO v FROM jobs WHERE id = p_job_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown job %', p_job_id USING ERRCODE = 'PD404';
+    END IF;
+    IF v.state IN ('blocked', 'queued') THEN
+        UPDATE jobs SET state = 'cancelled', finished_at = now(),
+                        cancel_requested_at = now(), cancel_requested_by = p_actor,
+                        last_error = 'cancelled by ' || p_actor
+         WHERE id = p_job_id RETURNING * INTO v;
+        PERFORM pgd_cancel_dependents(p_job_id, format('dependency %s cancelled', p_job_id));
+    ELSIF v.state = 'running' AND v.cancel_requested_at IS NULL THEN
+        UPDATE jobs SET cancel_requested_at = now(), cancel_requested_by = p_actor
+         WHERE id = p_job_id RETURNING * INTO v;
+    ELSE
+        RAISE EXCEPTION 'job % is % and cannot be cancelled (%)', p_job_id, v.state,
+            pgd_job_state_note(v) USING ERRCODE = 'PDALR';
+    END IF;
+    PERFORM pgd_audit(p_actor, 'cancel_job', 'job:' || p_job_id, p_reason);
+    RETURN jsonb_build_object('job_id', p_job_id, 'state', v.state,
+                              'cancel_requested', v.state = 'running');
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION pgd_retry_job(p_job_id bigint, p_reason text, p_actor text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v jobs%ROWTYPE;
+BEGIN
+    SELECT * INTO v FROM jobs WHERE id = p_job_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown job %', p_job_id USING ERRCODE = 'PD404';
+    END IF;
+    IF v.state NOT IN ('failed', 'cancelled') THEN
+        RAISE EXCEPTION 'job % is % and cannot be retried (%)', p_job_id, v.state,
+            pgd_job_state_note(v) USING ERRCODE = 'PDALR';
+    END IF;
+    IF v.pending_dependencies > 0 OR (v.requires_approval AND v.approved_at IS NULL) THEN
+        RAISE EXCEPTION 'job % still waits on a dependency or an approval', p_job_id USING ERRCODE = 'PD409';
+    END IF;
+    UPDATE jobs SET state = 'queued', ready_at = now(), finished_at = NULL,
+                    max_attempts = least(100, greatest(max_attempts, failures + 1)),
+                    cancel_requested_at = NULL, cancel_requested_by = NULL
+     WHERE id = p_job_id RETURNING * INTO v;
+    PERFORM pgd_audit(p_actor, 'retry_job', 'job:' || p_job_id, p_reason);
+    RETURN jsonb_build_object('job_id', p_job_id, 'state', v.state);
+END;
+$$;
+
+-- resolve an uncertain target: the operator says whether the lost deployment happened
+-- (succeeded), did not (failed), or should run again (retry). Conditional on the target still
+-- being uncertain, so of two operators one wins and the other hears who did it. Audited.
+CREATE OR REPLACE FUNCTION pgd_resolve_target(p_target text, p_outcome text, p_note text, p_actor text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    v_target targets%ROWTYPE;
+    v_job    jobs%ROWTYPE;
+    v_state  text;
+BEGIN
+    IF p_outcome NOT IN ('succeeded', 'failed', 'retry') THEN
+        RAISE EXCEPTION 'outcome must be succeeded, failed or retry, got %', p_outcome USING ERRCODE = 'PD422';
+    END IF;
+    IF p_note IS NULL OR btrim(p_note) = '' THEN
+        RAISE EXCEPTION 'a note is required to resolve a target' USING ERRCODE = 'PD422';
+    END IF;
+    SELECT * INTO v_target FROM targets WHERE name = p_target;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown target %', p_target USING ERRCODE = 'PD404';
+    END IF;
+    IF v_target.state <> 'uncertain' THEN
+        IF NOT EXISTS (SELECT 1 FROM audit_events WHERE subject = 'target:' || p_target) THEN
+            RAISE EXCEPTION 'target % is %: it is not uncertain, there is nothing to resolve',
+                p_target, v_target.state USING ERRCODE = 'PD409';
+        END IF;
+        RAISE EXCEPTION 'target % is % (already resolved by %)', p_target, v_target.state,
+            pgd_last_actor('target:' || p_target) USING ERRCODE = 'PDALR';
+    END IF;
+    -- lock order: job before target
+    SELECT * INTO v_job FROM jobs WHERE id = v_target.holder_job_id FOR NO KEY UPDATE;
+    SELECT * INTO v_target FROM targets WHERE id = v_target.id FOR NO KEY UPDATE;
+    IF v_target.state <> 'uncertain' OR v_job.state <> 'uncertain' THEN
+        RAISE EXCEPTION 'target % is % (already resolved by %)', p_target, v_target.state,
+            pgd_last_actor('target:' || p_target) USING ERRCODE = 'PDALR';
+    END IF;
+    v_state := CASE p_outcome WHEN 'retry' THEN 'queued' ELSE p_outcome END;
+    UPDATE jobs
+       SET state = v_state,
+           ready_at = CASE WHEN v_state = 'queued' THEN now() ELSE ready_at END,
+           finished_at = CASE WHEN v_state = 'queued' THEN NULL ELSE now() END,
+           max_attempts = CASE WHEN v_state = 'queued'
+                               THEN least(100, greatest(max_attempts, failures + 1)) ELSE max_attempts END,
+           last_error = format('resolved %s by %s: %s', p_outcome, p_actor, p_note)
+     WHERE id = v_job.id;
+    UPDATE targets SET state = 'free', holder_job_id = NULL, held_since = NULL WHERE id = v_target.id;
+    IF v_state = 'succeeded' THEN
+        PERFORM pgd_release_dependents(v_job.id);
+    ELSIF v_state = 'failed' THEN
+        PERFORM pgd_cancel_dependents(v_job.id, format('dependency %s failed', v_job.id));
+    END IF;
+    PERFORM pgd_audit(p_actor, 'resolve_target', 'target:' || p_target, p_note,
+                      jsonb_build_object('outcome', p_outcome, 'job_id', v_job.id));
+    RETURN jsonb_build_object('target', p_target, 'outcome', p_outcome, 'job_id', v_job.id,
+                              'job_state', v_state);
+END;
+$$;

@@ -1,0 +1,229 @@
+-- 0001_baseline: the tables of pgdispatch 0.1.0, frozen. Development versions before 0.1.0
+-- had migrations 0001_initial .. 0014_capacity_stripes; they were squashed into this one.
+-- Do not edit: the current schema, with comments, is sql/schema.sql; a change is a new
+-- migration plus the same change there (docs/contributing.md). Functions: sql/functions/.
+
+CREATE TABLE organizations (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name        text NOT NULL UNIQUE CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$'),
+    max_running integer NOT NULL CHECK (max_running >= 0),
+    created_at  timestamptz NOT NULL DEFAULT now()
+) WITH (fillfactor = 50);
+
+CREATE TABLE pools (
+    id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name       text NOT NULL UNIQUE CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$'),
+    slots      integer NOT NULL CHECK (slots >= 0),
+    created_at timestamptz NOT NULL DEFAULT now()
+) WITH (fillfactor = 50);
+
+CREATE TABLE projects (
+    id              bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    organization_id bigint NOT NULL REFERENCES organizations (id),
+    name            text NOT NULL UNIQUE CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$'),
+    weight          integer NOT NULL DEFAULT 1 CHECK (weight BETWEEN 1 AND 1000),
+    max_running     integer CHECK (max_running >= 0),
+    paused_at       timestamptz,
+    pause_reason    text,
+    paused_by       text,
+    last_claimed_at timestamptz,
+    created_at      timestamptz NOT NULL DEFAULT now(),
+    CHECK ((paused_at IS NULL) = (pause_reason IS NULL))
+) WITH (fillfactor = 50);
+CREATE INDEX projects_organization_idx ON projects (organization_id);
+
+CREATE TABLE project_pools (
+    project_id bigint NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    pool_id    bigint NOT NULL REFERENCES pools (id),
+    PRIMARY KEY (project_id, pool_id)
+);
+CREATE INDEX project_pools_pool_idx ON project_pools (pool_id);
+
+CREATE TABLE runners (
+    id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name              text NOT NULL CHECK (length(name) BETWEEN 1 AND 200),
+    hostname          text NOT NULL DEFAULT '',
+    pid               integer,
+    pool_ids          bigint[] NOT NULL CHECK (cardinality(pool_ids) >= 1),
+    slots             integer NOT NULL CHECK (slots >= 1),
+    started_at        timestamptz NOT NULL DEFAULT now(),
+    last_heartbeat_at timestamptz NOT NULL DEFAULT now(),
+    draining          boolean NOT NULL DEFAULT false,
+    stopped_at        timestamptz
+);
+CREATE INDEX runners_live_idx ON runners (last_heartbeat_at) WHERE stopped_at IS NULL;
+
+CREATE TABLE users (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    username      text NOT NULL UNIQUE CHECK (username ~ '^[A-Za-z0-9][A-Za-z0-9_.@-]{0,62}$'),
+    password_hash text NOT NULL,
+    role          text NOT NULL CHECK (role IN ('viewer', 'operator', 'admin')),
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    disabled_at   timestamptz
+);
+
+CREATE TABLE api_tokens (
+    id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    user_id      bigint NOT NULL REFERENCES users (id),
+    name         text NOT NULL,
+    token_hash   text NOT NULL UNIQUE,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    last_used_at timestamptz,
+    revoked_at   timestamptz
+);
+
+CREATE TABLE targets (
+    id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    name          text NOT NULL UNIQUE CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$'),
+    state         text NOT NULL DEFAULT 'free' CHECK (state IN ('free', 'held', 'uncertain')),
+    holder_job_id bigint,
+    held_since    timestamptz,
+    created_at    timestamptz NOT NULL DEFAULT now(),
+    CHECK ((state = 'free') = (holder_job_id IS NULL)),
+    CHECK ((state = 'free') = (held_since IS NULL))
+) WITH (fillfactor = 50);
+
+CREATE TABLE jobs (
+    id                   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    project_id           bigint NOT NULL REFERENCES projects (id),
+    pool_id              bigint NOT NULL REFERENCES pools (id),
+    target_id            bigint REFERENCES targets (id),
+    state                text NOT NULL CHECK (state IN ('blocked', 'queued', 'running', 'succeeded',
+                                                        'failed', 'cancelled', 'uncertain')),
+    priority             integer NOT NULL DEFAULT 0 CHECK (priority BETWEEN -1000 AND 1000),
+    command              text[] NOT NULL CHECK (cardinality(command) BETWEEN 1 AND 256),
+    timeout_seconds      integer NOT NULL DEFAULT 3600 CHECK (timeout_seconds BETWEEN 1 AND 604800),
+    max_attempts         integer NOT NULL DEFAULT 1 CHECK (max_attempts BETWEEN 1 AND 100),
+    attempts_made        integer NOT NULL DEFAULT 0 CHECK (attempts_made >= 0),
+    failures             integer NOT NULL DEFAULT 0 CHECK (failures >= 0),
+    ready_at             timestamptz NOT NULL DEFAULT now(),
+    generation           bigint NOT NULL DEFAULT 0 CHECK (generation >= 0),
+    requires_approval    boolean NOT NULL DEFAULT false,
+    approved_at          timestamptz,
+    approved_by          text,
+    pending_dependencies integer NOT NULL DEFAULT 0 CHECK (pending_dependencies >= 0),
+    cancel_requested_at  timestamptz,
+    cancel_requested_by  text,
+    idempotency_key      text CHECK (length(idempotency_key) BETWEEN 1 AND 200),
+    submitted_by         text NOT NULL DEFAULT 'cli',
+    last_error           text,
+    created_at           timestamptz NOT NULL DEFAULT now(),
+    started_at           timestamptz,
+    finished_at          timestamptz,
+    CHECK (state <> 'blocked'
+           OR pending_dependencies > 0
+           OR (requires_approval AND approved_at IS NULL)),
+    CHECK ((state IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL)),
+    CHECK (state <> 'uncertain' OR target_id IS NOT NULL)
+);
+
+CREATE INDEX jobs_claim_idx ON jobs (project_id, pool_id, priority DESC, id) WHERE state = 'queued';
+CREATE INDEX jobs_blocked_idx ON jobs (project_id, pool_id) WHERE state = 'blocked';
+CREATE INDEX jobs_waiting_idx ON jobs (id) INCLUDE (project_id, pool_id)
+    WHERE state IN ('blocked', 'queued', 'uncertain');
+CREATE INDEX jobs_active_idx ON jobs (project_id) WHERE state IN ('running', 'uncertain');
+CREATE INDEX jobs_finished_idx ON jobs (finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX jobs_state_idx ON jobs (state, id);
+CREATE UNIQUE INDEX jobs_idempotency_key_idx ON jobs (project_id, idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE UNIQUE INDEX jobs_one_holder_per_target ON jobs (target_id)
+    WHERE state IN ('running', 'uncertain') AND target_id IS NOT NULL;
+
+ALTER TABLE targets ADD CONSTRAINT targets_holder_job_fk
+    FOREIGN KEY (holder_job_id) REFERENCES jobs (id);
+CREATE UNIQUE INDEX targets_holder_idx ON targets (holder_job_id) WHERE holder_job_id IS NOT NULL;
+
+CREATE TABLE job_dependencies (
+    job_id            bigint NOT NULL REFERENCES jobs (id),
+    depends_on_job_id bigint NOT NULL REFERENCES jobs (id),
+    PRIMARY KEY (job_id, depends_on_job_id),
+    CHECK (job_id <> depends_on_job_id)
+);
+CREATE INDEX job_dependencies_upstream_idx ON job_dependencies (depends_on_job_id);
+
+CREATE TABLE attempts (
+    id                bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id            bigint NOT NULL REFERENCES jobs (id),
+    attempt_no        integer NOT NULL CHECK (attempt_no >= 1),
+    generation        bigint NOT NULL CHECK (generation >= 1),
+    runner_id         bigint NOT NULL REFERENCES runners (id),
+    claim_token       uuid NOT NULL UNIQUE,
+    state             text NOT NULL CHECK (state IN ('running', 'succeeded', 'failed', 'expired',
+                                                     'cancelled', 'lost')),
+    claimed_at        timestamptz NOT NULL DEFAULT now(),
+    lease_expires_at  timestamptz NOT NULL,
+    last_heartbeat_at timestamptz,
+    finished_at       timestamptz,
+    exit_code         integer,
+    error             text,
+    output_tail       text,
+    organization_stripe smallint,
+    pool_stripe         smallint,
+    UNIQUE (job_id, attempt_no),
+    UNIQUE (job_id, generation),
+    CHECK ((state = 'running') = (finished_at IS NULL))
+);
+CREATE UNIQUE INDEX attempts_one_running_per_job ON attempts (job_id) WHERE state = 'running';
+CREATE INDEX attempts_lease_idx ON attempts (lease_expires_at) WHERE state = 'running';
+CREATE INDEX attempts_runner_idx ON attempts (runner_id) WHERE state = 'running';
+
+CREATE TABLE delivery_receipts (
+    key        text PRIMARY KEY CHECK (length(key) BETWEEN 1 AND 200),
+    attempt_id bigint NOT NULL REFERENCES attempts (id),
+    outcome    text NOT NULL,
+    response   jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE audit_events (
+    id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at      timestamptz NOT NULL DEFAULT now(),
+    actor   text NOT NULL,
+    action  text NOT NULL,
+    subject text NOT NULL,
+    reason  text,
+    details jsonb NOT NULL DEFAULT '{}'
+);
+CREATE INDEX audit_events_subject_idx ON audit_events (subject, id DESC);
+CREATE INDEX audit_events_at_idx ON audit_events (at DESC);
+
+CREATE TABLE queue_summaries (
+    project_id      bigint NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    pool_id         bigint NOT NULL REFERENCES pools (id),
+    queued_ready    integer NOT NULL,
+    target_held     integer NOT NULL,
+    target_uncertain integer NOT NULL,
+    queued_delayed  integer NOT NULL,
+    blocked_dependency integer NOT NULL,
+    blocked_approval integer NOT NULL,
+    oldest_ready_at timestamptz,
+    refreshed_at    timestamptz NOT NULL,
+    PRIMARY KEY (project_id, pool_id)
+);
+
+CREATE TABLE capacity_stripes (
+    kind      text NOT NULL CHECK (kind IN ('organization', 'pool')),
+    owner_id  bigint NOT NULL,
+    stripe_no smallint NOT NULL CHECK (stripe_no BETWEEN 1 AND 8),
+    cap       integer NOT NULL,
+    held      integer NOT NULL DEFAULT 0,
+    CHECK (held >= 0 AND held <= cap),
+    PRIMARY KEY (kind, owner_id, stripe_no)
+) WITH (fillfactor = 20);
+
+CREATE TABLE capacity_debts (
+    kind     text NOT NULL CHECK (kind IN ('organization', 'pool')),
+    owner_id bigint NOT NULL,
+    owed     integer NOT NULL CHECK (owed > 0),
+    PRIMARY KEY (kind, owner_id)
+);
+
+CREATE TABLE idempotent_requests (
+    job_id  bigint PRIMARY KEY REFERENCES jobs (id),
+    request jsonb NOT NULL
+);
+
+CREATE TYPE pgd_fast_completion AS (
+    ord bigint, attempt_id bigint, job_id bigint, org_id bigint, project_id bigint, pool_id bigint,
+    receipt_key text, exit_code integer, error text, output_tail text, ready_at timestamptz
+);

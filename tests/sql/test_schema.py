@@ -1,0 +1,127 @@
+"""One place for each truth: a database built by ``db upgrade`` from empty (the migrations,
+then the function files) is the database the readable files describe (sql/schema.sql, then
+sql/functions/*.sql, run as they are) — tables, columns, constraints, indexes, triggers,
+types and function bodies — and the check sees a drift when there is one."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import uuid
+
+import pytest
+
+from sql import db, migrate
+
+from ..conftest import with_database
+from .catalog import describe, differences
+
+
+@pytest.fixture
+def new_database(server_url):
+    """A factory of new, empty databases (from template1), dropped after the test."""
+    names: list[str] = []
+
+    def make() -> str:
+        name = f"pgd_test_schema_{uuid.uuid4().hex[:8]}"
+        with db.connect(server_url) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        names.append(name)
+        return with_database(server_url, name)
+
+    yield make
+    with db.connect(server_url) as conn:
+        for name in names:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def from_readable_files(url: str, schema_text: str | None = None) -> None:
+    """Build the database the readable files describe: schema.sql, then every function
+    file in load order, in one transaction."""
+    with db.connect(url) as conn, conn.transaction():
+        conn.execute(schema_text if schema_text is not None else migrate.SCHEMA_FILE.read_text())
+        for _, text in migrate.function_sources():
+            conn.execute(text)
+
+
+def test_a_database_built_by_db_upgrade_is_the_one_the_readable_files_describe(new_database):
+    upgraded, readable = new_database(), new_database()
+    assert migrate.upgrade(upgraded) == ["0001_baseline"]
+    from_readable_files(readable)
+    with db.connect(upgraded) as a, db.connect(readable) as b:
+        want, got = describe(b), describe(a)
+    assert differences(want, got) == []
+    # and the comparison looked at something: every kind the issue names is there
+    assert {"jobs", "attempts", "capacity_stripes"} <= {t[0] for t in want["tables"]}
+    assert any(f[0].startswith("pgd_claim(") for f in want["functions"])
+    assert any(t[1] == "pgd_sync_stripes" for t in want["triggers"])
+    assert any(i[1] == "jobs_claim_idx" for i in want["indexes"])
+
+
+@pytest.mark.parametrize("drift", ["column", "index", "constraint", "function body"])
+def test_the_check_sees_a_readable_file_that_drifted(new_database, drift, tmp_path):
+    """The same comparison against readable files with one deliberate difference of each
+    kind (as a schema.sql edit without its migration, or a function edited in the database
+    by hand) reports it."""
+    upgraded, readable = new_database(), new_database()
+    migrate.upgrade(upgraded)
+    schema = migrate.SCHEMA_FILE.read_text()
+    if drift == "column":
+        schema = schema.replace("    last_error           text,\n",
+                                "    last_error           text,\n    note text,\n", 1)
+    elif drift == "index":
+        schema = schema.replace("CREATE INDEX jobs_state_idx ON jobs (state, id);",
+                                "CREATE INDEX jobs_state_idx ON jobs (state);", 1)
+    elif drift == "constraint":
+        schema = schema.replace("CHECK (priority BETWEEN -1000 AND 1000)",
+                                "CHECK (priority BETWEEN -100 AND 100)", 1)
+    assert drift == "function body" or schema != migrate.SCHEMA_FILE.read_text()
+    from_readable_files(readable, schema)
+    with db.connect(readable) as conn:
+        if drift == "function body":
+            conn.execute(re.sub(r"'another actor'", "'someone'", _source("pgd_last_actor")))
+        want = describe(conn)
+    with db.connect(upgraded) as conn:
+        got = describe(conn)
+    assert differences(want, got) != []
+
+
+def _source(name: str) -> str:
+    from .catalog import function_source
+
+    return function_source(name)
+
+
+def test_every_function_is_defined_once_and_every_file_is_loaded():
+    """One CREATE OR REPLACE per function name across sql/functions/, and no file there that
+    the upgrade would not load (migrate.function_sources raises for one)."""
+    names = []
+    for _, text in migrate.function_sources():
+        names += re.findall(r"^CREATE OR REPLACE FUNCTION (\w+)\(", text, re.M)
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    assert "pgd_claim" in names and "pgd_complete" in names
+    # no function body is left in a migration
+    for path in migrate.MIGRATIONS_DIR.glob("*.sql"):
+        assert not re.search(r"CREATE\s+(OR\s+REPLACE\s+)?FUNCTION", path.read_text(), re.I), path.name
+
+
+def test_editing_a_function_file_and_upgrading_changes_a_live_database(db_url, tmp_path):
+    """No migration pending, one function edited: `db upgrade` loads it (and says it applied
+    no migration); run again, it changes nothing."""
+    functions = tmp_path / "functions"
+    shutil.copytree(migrate.FUNCTIONS_DIR, functions)
+    audit = functions / "audit.sql"
+    audit.write_text(audit.read_text().replace("'another actor'", "'someone else'"))
+    with db.connect(db_url) as conn:
+        before = conn.execute("SELECT pgd_last_actor('nothing') AS a, loaded_at "
+                              "FROM _pgdispatch_definitions").fetchone()
+        assert before["a"] == "another actor"
+    assert migrate.upgrade(db_url, functions_dir=functions) == []
+    with db.connect(db_url) as conn:
+        after = conn.execute("SELECT pgd_last_actor('nothing') AS a, loaded_at "
+                             "FROM _pgdispatch_definitions").fetchone()
+    assert after["a"] == "someone else" and after["loaded_at"] > before["loaded_at"]
+    assert migrate.upgrade(db_url, functions_dir=functions) == []
+    with db.connect(db_url) as conn:
+        again = conn.execute("SELECT loaded_at FROM _pgdispatch_definitions").fetchone()
+    assert again["loaded_at"] == after["loaded_at"]  # nothing to do: not even reloaded

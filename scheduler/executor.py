@@ -46,8 +46,7 @@ from typing import Any
 from sql import DatabaseUnavailable, FencedOut, PgDispatchError, Settings, transitions
 from sql.scheduling import connection
 from sql.transitions import Claim
-
-from .claiming import check_max_batch
+from sql.validate import check_max_batch
 
 log = logging.getLogger(__name__)
 

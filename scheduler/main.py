@@ -30,9 +30,10 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sql import DatabaseUnavailable, Settings, transitions
 from sql.scheduling import connection, listen_for_work, make_scheduler_pool, runner_pool_ids
 from sql.transitions import Claim
+from sql.validate import check_max_batch
 
 from . import expiry, runner_row, summaries
-from .claiming import DEFAULT_MAX_BATCH, Claimer, check_max_batch
+from .claiming import DEFAULT_MAX_BATCH, Claimer
 from .executor import CompletionReporter, Execution, ExecutionResult, fence_margin_seconds
 from .periodic import Periodic
 from .watchdog import Watchdog

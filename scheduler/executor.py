@@ -338,13 +338,6 @@ class CompletionReporter:
             raise report.error
         return report.answer
 
-    def complete_many(self, items: list[dict[str, Any]]) -> list[dict[str, Any] | BaseException]:
-        """Send ``items`` (dicts of ``complete``'s arguments) now, in one transaction when
-        there are several: one answer or exception per item, in order; never raises."""
-        batch = [_Report(dict(i)) for i in items]
-        self._send(batch)
-        return [r.error if r.error is not None else r.answer for r in batch]
-
     def _send(self, batch: list[_Report]) -> None:
         """Answer every report of ``batch``; whatever goes wrong, none is left unanswered."""
         try:

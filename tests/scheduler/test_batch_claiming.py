@@ -1,5 +1,5 @@
 """Batched claims and completions in the scheduler (scheduler/claiming.py,
-executor.CompletionReporter): several builds claimed in one transaction, several outcomes
+scheduler/reporting.py): several builds claimed in one transaction, several outcomes
 reported in one, with every guarantee of the one-job transactions kept.
 
 Evidence comes from the database: pgd_claim_batch stamps every attempt of one batch with the
@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from scheduler.claiming import Claimer
-from scheduler.executor import CompletionReporter
 from scheduler.main import Scheduler
+from scheduler.reporting import CompletionReporter
 from sql import DatabaseUnavailable, FencedOut, InvalidInput, db, transitions
 from sql.scheduling import make_scheduler_pool
 

@@ -173,7 +173,6 @@ class CompletionReporter:
                 backoff_cap_seconds=self.settings.backoff_cap_seconds)
 
 
-
 def report_outcome(reporter: CompletionReporter, claim: Claim, *, outcome: str,
                    exit_code: int | None, error: str | None, output_tail: str,
                    lease_from: Callable[[], float], lease_seconds: float,
@@ -191,7 +190,7 @@ def report_outcome(reporter: CompletionReporter, claim: Claim, *, outcome: str,
     Args:
         lease_from: the ``time.monotonic()`` the lease now runs from (the send time of the
             last heartbeat that succeeded, or of the claim); asked again at each retry.
-        lease_seconds: the lease granted from then.
+        lease_seconds: how long the lease runs from then, in seconds.
         abandon: once set, the next failure gives up at once (the scheduler is exiting).
     Returns:
         ``CompletionReporter.complete``'s answer (``job_state``, ``is_late_report``, ...).

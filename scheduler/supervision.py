@@ -117,6 +117,7 @@ class _Waker:
         self._closed = False
 
     def wake(self) -> None:
+        """Make the next select() return (a no-op once closed)."""
         with self._lock:  # never write to a closed (and perhaps reused) descriptor
             if self._closed:
                 return
@@ -126,6 +127,7 @@ class _Waker:
                 pass  # already has bytes pending: it will wake anyway
 
     def drain(self) -> None:
+        """Empty the pipe, so that select() waits again."""
         try:
             while os.read(self.read_fd, 4096):
                 pass
@@ -133,6 +135,7 @@ class _Waker:
             pass
 
     def close(self) -> None:
+        """Close both ends; later wakes do nothing."""
         with self._lock:
             self._closed = True
             os.close(self.read_fd)

@@ -29,27 +29,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from sql import DatabaseUnavailable, FencedOut, InvalidInput, Settings, transitions
+from sql import DatabaseUnavailable, FencedOut, Settings, transitions
 from sql.scheduling import backend_pid, connection
 from sql.transitions import Claim
+from sql.validate import check_max_batch
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BATCH = 10
-MAX_BATCH_LIMIT = 1000  # what pgd_claim_batch and pgd_complete_batch accept
-
-
-def check_max_batch(max_batch: int) -> int:
-    """``max_batch`` if it is an int in 1..MAX_BATCH_LIMIT.
-
-    Raises:
-        InvalidInput: otherwise.
-    """
-    if isinstance(max_batch, bool) or not isinstance(max_batch, int) \
-            or not 1 <= max_batch <= MAX_BATCH_LIMIT:
-        raise InvalidInput(f"max batch must be an integer from 1 to {MAX_BATCH_LIMIT}, "
-                           f"got {max_batch!r}")
-    return max_batch
 
 
 class Claimer:

@@ -30,11 +30,14 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from sql import DatabaseUnavailable, Settings, transitions
 from sql.scheduling import connection, listen_for_work, make_scheduler_pool, runner_pool_ids
 from sql.transitions import Claim
+from sql.validate import check_max_batch
 
 from . import expiry, runner_row, summaries
-from .claiming import DEFAULT_MAX_BATCH, Claimer, check_max_batch
-from .executor import CompletionReporter, Execution, ExecutionResult, fence_margin_seconds
+from .claiming import DEFAULT_MAX_BATCH, Claimer
+from .executor import Execution, ExecutionResult
+from .heartbeats import fence_margin_seconds
 from .periodic import Periodic
+from .reporting import CompletionReporter
 from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -59,7 +62,7 @@ class Scheduler:
         kill_grace_seconds: between SIGTERM and SIGKILL when a job's command is stopped.
         max_batch: most builds claimed, and most outcomes reported, in one transaction
             (``--max-batch``, default 10; 1: one job per transaction). See claiming.py and
-            executor.CompletionReporter.
+            reporting.CompletionReporter.
         listen: also wake the claim job when a job of its pools becomes claimable (LISTEN,
             sql.scheduling.listen_for_work; ``--no-listen`` turns it off, e.g. behind
             PgBouncer in transaction pooling). Polling every claim interval stays either way.

@@ -14,6 +14,7 @@ JOB_STATES = ("blocked", "queued", "running", "uncertain", "succeeded", "failed"
 
 MAX_ARG_CHARS = 16384
 MAX_COMMAND_CHARS = 65536
+MAX_BATCH_LIMIT = 1000  # what pgd_claim_batch and pgd_complete_batch accept
 
 
 def check_text(kind: str, value: Any, *, max_len: int) -> str:
@@ -115,3 +116,17 @@ def check_command(command: Any) -> list[str]:
     if sum(len(a) for a in args) > MAX_COMMAND_CHARS:
         raise InvalidInput(f"command is longer than {MAX_COMMAND_CHARS} characters")
     return args
+
+
+def check_max_batch(max_batch: Any) -> int:
+    """``max_batch`` (most jobs claimed, or outcomes reported, in one transaction) if it is an
+    int in 1..MAX_BATCH_LIMIT.
+
+    Raises:
+        InvalidInput: otherwise (a bool or integral text is refused too: it is typed input).
+    """
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) \
+            or not 1 <= max_batch <= MAX_BATCH_LIMIT:
+        raise InvalidInput(f"max batch must be an integer from 1 to {MAX_BATCH_LIMIT}, "
+                           f"got {max_batch!r}")
+    return max_batch

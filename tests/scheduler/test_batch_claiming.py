@@ -1,5 +1,5 @@
 """Batched claims and completions in the scheduler (scheduler/claiming.py,
-executor.CompletionReporter): several builds claimed in one transaction, several outcomes
+scheduler/reporting.py): several builds claimed in one transaction, several outcomes
 reported in one, with every guarantee of the one-job transactions kept.
 
 Evidence comes from the database: pgd_claim_batch stamps every attempt of one batch with the
@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from scheduler.claiming import Claimer
-from scheduler.executor import CompletionReporter
 from scheduler.main import Scheduler
+from scheduler.reporting import CompletionReporter
 from sql import DatabaseUnavailable, FencedOut, InvalidInput, db, transitions
 from sql.scheduling import make_scheduler_pool
 
@@ -334,40 +334,84 @@ def test_outcomes_that_finish_together_are_reported_in_one_transaction(world, st
     assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
 
 
-def test_a_lost_batch_report_is_sent_again_and_counted_once(world, reply_proxy):
+def test_a_lost_batch_report_is_sent_again_and_counted_once(world, db_url, reply_proxy):
+    """Three reports queue behind one in flight and go in one batch, whose answer is lost:
+    each caller gets DatabaseUnavailable, sends again under its receipt key, and the database
+    answers the first answers without recording anything twice."""
     world.setup(targets=("production",))
     runner = world.runner(slots=8)
+    held = world.job()
     build = world.job(max_attempts=3)
     deploy = world.job(target="production")
     stale = world.job(max_attempts=2)
-    claims = [world.claim(runner) for _ in range(3)]
+    claims = [world.claim(runner) for _ in range(4)]
     by_job = {c.job_id: c for c in claims}
-    # the third attempt loses its lease and the job is claimed again: its report is fenced
+    # the stale attempt loses its lease and the job is claimed again: its report is fenced
     world.expire_now(by_job[stale["id"]].attempt_id)
     transitions.expire_one(world.conn, backoff_base_seconds=0.01, backoff_cap_seconds=0.01)
     again = wait_until(lambda: world.claim(runner), what="the expired job to be claimable")
-    items = [
-        dict(attempt_id=c.attempt_id, generation=c.generation, receipt_key=c.receipt_key,
-             outcome=o, exit_code=e, error=err, output_tail=t)
-        for c, o, e, err, t in [
-            (by_job[build["id"]], "failed", 2, "broke\x00here", "out\x00put"),
-            (by_job[deploy["id"]], "succeeded", 0, None, "deployed"),
-            (by_job[stale["id"]], "succeeded", 0, None, "too late")]]
+
+    def item(job, outcome, exit_code, error, output_tail):
+        c = by_job[job["id"]]
+        return dict(attempt_id=c.attempt_id, generation=c.generation, receipt_key=c.receipt_key,
+                    outcome=outcome, exit_code=exit_code, error=error, output_tail=output_tail)
+
+    items = [item(build, "failed", 2, "broke\x00here", "out\x00put"),
+             item(deploy, "succeeded", 0, None, "deployed"),
+             item(stale, "succeeded", 0, None, "too late")]
+    answers: dict[int, object] = {}
+
+    def report(i: int, kw: dict) -> None:
+        try:
+            answers[i] = reporter.complete(**kw)
+        except Exception as exc:  # what an execution would retry on, or give up on
+            answers[i] = exc
+
     pool = make_scheduler_pool(reply_proxy.db_url, slots=1)
+    locker = db.connect(db_url)
     try:
         reporter = CompletionReporter(pool, FAST, max_batch=10)
         reply_proxy.arm("pgd_complete_batch")
-        first = reporter.complete_many(items)
-        assert reply_proxy.commits_dropped == 1
-        assert all(isinstance(a, DatabaseUnavailable) for a in first), first
+        with locker.transaction():
+            # the lone report of `held` waits on its attempt's row lock, so the reporter is
+            # busy while the other three arrive, and they queue up for one batch
+            locker.execute("SELECT 1 FROM attempts WHERE id = %s FOR UPDATE",
+                           (by_job[held["id"]].attempt_id,))
+            threads = [threading.Thread(target=report,
+                                        args=(-1, item(held, "succeeded", 0, None, "held")))]
+            threads[0].start()
+            wait_until(lambda: world.conn.execute(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%%pgd_complete%%'").fetchone()["n"] == 1,
+                what="the held report to wait for its row lock")
+            threads += [threading.Thread(target=report, args=(i, kw))
+                        for i, kw in enumerate(items)]
+            for t in threads[1:]:
+                t.start()
+            wait_until(lambda: len(reporter._queue) == len(items),
+                       what="three reports queued behind the held one")
+        for t in threads:
+            t.join(timeout=20)
+        assert not any(t.is_alive() for t in threads)
+        assert answers[-1]["job_state"] == "succeeded"
+        assert reporter.batches_sent == 1 and reply_proxy.commits_dropped == 1
+        assert all(isinstance(answers[i], DatabaseUnavailable) for i in range(3)), answers
         counters = world.counters()
-        second = reporter.complete_many(items)
+        # sent again as the executions do, each on its own and under its own receipt key
+        second = []
+        for kw in items:
+            try:
+                second.append(reporter.complete(**kw))
+            except FencedOut as exc:
+                second.append(exc)
     finally:
+        locker.close()
         pool.close()
     # it had committed: the same receipt keys answer the first answers, recorded once
     assert second[0]["repeated"] is True and second[0]["job_state"] == "queued"
     assert second[1]["repeated"] is True and second[1]["job_state"] == "succeeded"
     assert isinstance(second[2], FencedOut)
+    assert reporter.batches_sent == 1
     assert world.counters() == counters
     assert world.row("jobs", build["id"])["failures"] == 1
     attempt = world.row("attempts", by_job[build["id"]].attempt_id)
@@ -375,7 +419,7 @@ def test_a_lost_batch_report_is_sent_again_and_counted_once(world, reply_proxy):
     assert world.conn.execute("SELECT state FROM targets WHERE name = 'production'"
                               ).fetchone()["state"] == "free"
     assert world.row("attempts", again.attempt_id)["state"] == "running"
-    assert world.conn.execute("SELECT count(*) AS n FROM delivery_receipts").fetchone()["n"] == 2
+    assert world.conn.execute("SELECT count(*) AS n FROM delivery_receipts").fetchone()["n"] == 3
 
 
 # --- several scheduler processes, all batching ---------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import subprocess
 import time
 
-from scheduler.executor import _Heartbeat, fence_margin_seconds
+from scheduler.heartbeats import Heartbeat, fence_margin_seconds
 from scheduler.watchdog import Watchdog
 from sql import Settings, db
 from sql.scheduling import make_scheduler_pool
@@ -41,8 +41,8 @@ def end_job_during_a_beat(world, db_url, end_job) -> bool:
     watchdog = Watchdog(margin_seconds=fence_margin_seconds(SETTINGS.lease_seconds))
     pool = make_scheduler_pool(db_url, slots=1)
     try:
-        hb = _Heartbeat(claim, pool=pool, settings=SETTINGS, sent_at=time.monotonic(),
-                        wake=lambda: None, watchdog=watchdog, pgid=bystander.pid)
+        hb = Heartbeat(claim, pool=pool, settings=SETTINGS, sent_at=time.monotonic(),
+                       wake=lambda: None, watchdog=watchdog, pgid=bystander.pid)
         with db.connect(db_url, application_name="row-holder") as holder:
             holder.execute("BEGIN")
             holder.execute("SELECT 1 FROM attempts WHERE id = %s FOR UPDATE", (claim.attempt_id,))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sql.errors import InvalidInput
-from sql.validate import check_int, check_number
+from sql.validate import MAX_BATCH_LIMIT, check_int, check_max_batch, check_number
 
 
 @pytest.mark.parametrize("text, value", [("12", 12), (" 12 ", 12), ("+3", 3), ("0", 0), (7.0, 7)])
@@ -42,3 +42,17 @@ def test_a_refused_value_is_shown_as_the_request_spelled_it(check, value, said):
     with pytest.raises(InvalidInput) as caught:
         check("priority", value, 0, 100)
     assert str(caught.value) == said
+
+
+@pytest.mark.parametrize("value", [1, 10, MAX_BATCH_LIMIT])
+def test_a_max_batch_in_range_is_kept(value):
+    assert check_max_batch(value) == value
+
+
+@pytest.mark.parametrize("value, shown", [(0, "0"), (1001, "1001"), ("10", "'10'"),
+                                          (True, "True"), (2.0, "2.0"), (None, "None")])
+def test_a_max_batch_out_of_range_or_not_an_int_is_refused(value, shown):
+    """Typed input only (the CLI has parsed it): text and bools are refused, not read."""
+    with pytest.raises(InvalidInput) as caught:
+        check_max_batch(value)
+    assert str(caught.value) == f"max batch must be an integer from 1 to 1000, got {shown}"

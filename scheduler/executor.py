@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sql import DatabaseUnavailable, FencedOut, PgDispatchError, Settings, transitions
-from sql.scheduling import connection
+from sql.db import checkout
 from sql.transitions import Claim
 
 from .claiming import check_max_batch
@@ -232,7 +232,7 @@ class _Heartbeat(threading.Thread):
             sent = time.monotonic()
             total, text = self.tail.snapshot(HEARTBEAT_TAIL_BYTES) if self.tail else (0, "")
             try:
-                with connection(self.pool, timeout_seconds=interval) as conn:
+                with checkout(self.pool, timeout_seconds=interval) as conn:
                     lease = transitions.heartbeat(
                         conn, attempt_id=self.claim.attempt_id, generation=self.claim.generation,
                         lease_seconds=self.settings.lease_seconds,
@@ -353,7 +353,7 @@ class CompletionReporter:
                 self._send_one(batch[0])
                 return
             try:
-                with connection(self.pool, timeout_seconds=self.checkout_seconds) as conn:
+                with checkout(self.pool, timeout_seconds=self.checkout_seconds) as conn:
                     self.batches_sent += 1
                     answers = transitions.complete_batch(
                         conn, items=[r.item for r in batch],
@@ -400,7 +400,7 @@ class CompletionReporter:
             report.error = exc
 
     def _complete_one(self, item: dict[str, Any]) -> dict[str, Any]:
-        with connection(self.pool, timeout_seconds=self.checkout_seconds) as conn:
+        with checkout(self.pool, timeout_seconds=self.checkout_seconds) as conn:
             return transitions.complete(
                 conn, **item, backoff_base_seconds=self.settings.backoff_base_seconds,
                 backoff_cap_seconds=self.settings.backoff_cap_seconds)

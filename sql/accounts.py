@@ -182,7 +182,7 @@ def create_user(conn, *, username: str, password: str, role: str, actor: str,
     check_text("username", username, max_len=63)
     if role not in ROLES:
         raise InvalidInput(f"role must be one of {', '.join(ROLES)}")
-    user_id = Q.insert_user(conn, username=username, password_hash=hash_password(password),
+    user_id = Q.create_user(conn, username=username, password_hash=hash_password(password),
                             role=role)
     if user_id is None:
         raise Conflict(f"user {username} already exists")
@@ -213,7 +213,7 @@ def set_user_role(conn, *, username: str, role: str, expected_role: str, actor: 
             raise InvalidInput("you cannot demote yourself; ask another admin")
         if user["disabled_at"] is None:
             _keep_an_admin(admins, user)
-    Q.update_user_role(conn, user_id=user["id"], role=role)
+    Q.set_user_role(conn, user_id=user["id"], role=role)
     record_event(conn, actor=actor, action="set_user_role", subject=f"user:{username}",
                  reason=reason, details={"from": user["role"], "to": role})
     return {"username": username, "role": role}
@@ -239,7 +239,7 @@ def set_user_disabled(conn, *, username: str, is_disabled: bool, actor: str,
             raise InvalidInput("you cannot disable your own account")
         if user["role"] == "admin":
             _keep_an_admin(admins, user)
-    disabled_at = Q.update_user_disabled_at(conn, user_id=user["id"], is_disabled=is_disabled)
+    disabled_at = Q.set_user_disabled(conn, user_id=user["id"], is_disabled=is_disabled)
     record_event(conn, actor=actor, action="disable_user" if is_disabled else "enable_user",
                  subject=f"user:{username}", reason=reason)
     return {"username": username, "disabled_at": disabled_at}
@@ -251,7 +251,7 @@ def set_user_password(conn, *, username: str, password: str, actor: str,
     """Set an account's password (argon2id; at least 8 characters); its other sessions end.
     Audited without the password. Raises InvalidInput, NotFound."""
     user = _locked_user(conn, username)
-    Q.update_user_password(conn, user_id=user["id"], password_hash=hash_password(password))
+    Q.set_user_password(conn, user_id=user["id"], password_hash=hash_password(password))
     record_event(conn, actor=actor, action="set_user_password", subject=f"user:{username}",
                  reason=reason)
     return {"username": username}

@@ -44,7 +44,7 @@ SELECT t.id, u.username, t.name, t.created_at, t.last_used_at, t.revoked_at
   FROM api_tokens t JOIN users u ON u.id = t.user_id
  ORDER BY t.revoked_at IS NOT NULL, t.id DESC;
 
--- name: insert_user$
+-- name: create_user$
 -- Create an account; NULL when the username is taken (the caller says so, nothing written).
 INSERT INTO users (username, password_hash, role) VALUES (:username, :password_hash, :role)
 ON CONFLICT (username) DO NOTHING
@@ -60,16 +60,16 @@ SELECT id, username, role, disabled_at FROM users WHERE username = :username FOR
 -- re-reads). Read Committed: the next statement sees what the first committed.
 SELECT id, username FROM users WHERE role = 'admin' AND disabled_at IS NULL ORDER BY id FOR UPDATE;
 
--- name: update_user_role!
+-- name: set_user_role!
 -- Change an account's role (the row is locked by lock_user in this transaction).
 UPDATE users SET role = :role WHERE id = :user_id;
 
--- name: update_user_disabled_at$
+-- name: set_user_disabled$
 -- Disable (now()) or enable (NULL) an account; returns the new disabled_at.
 UPDATE users SET disabled_at = CASE WHEN :is_disabled THEN now() END WHERE id = :user_id
 RETURNING disabled_at;
 
--- name: update_user_password!
+-- name: set_user_password!
 -- Store a new argon2 hash for an account (its sessions end: they carry the old hash's fingerprint).
 UPDATE users SET password_hash = :password_hash WHERE id = :user_id;
 

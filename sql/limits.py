@@ -56,7 +56,7 @@ def set_organization_limit(conn, *, organization: str, max_running: int,
             what=f"organization {organization}'s limit is now {row['max_running']}")
     changed = max_running != row["max_running"]
     if changed:
-        Q.update_organization_limit(conn, organization_id=row["id"], max_running=max_running)
+        Q.set_organization_limit(conn, organization_id=row["id"], max_running=max_running)
         record_event(conn, actor=actor, action="set_organization_limit", subject=subject,
                      reason=reason, details={"from": {"max_running": row["max_running"]},
                                              "to": {"max_running": max_running}})
@@ -88,8 +88,7 @@ def set_project_limits(conn, *, project: str, max_running: int | None, weight: i
             what=f"project {project}'s limits are now bound {bound}, weight {row['weight']}")
     changed = (max_running, weight) != (row["max_running"], row["weight"])
     if changed:
-        Q.update_project_limits(conn, project_id=row["id"], max_running=max_running,
-                                weight=weight)
+        Q.set_project_limits(conn, project_id=row["id"], max_running=max_running, weight=weight)
         record_event(conn, actor=actor, action="set_project_limits", subject=subject,
                      reason=reason,
                      details={"from": {"max_running": row["max_running"],
@@ -118,7 +117,7 @@ def set_pool_slots(conn, *, pool: str, slots: int, expected_slots: int, actor: s
                                what=f"pool {pool} now has {row['slots']} slots")
     changed = slots != row["slots"]
     if changed:
-        Q.update_pool_slots(conn, pool_id=row["id"], slots=slots)
+        Q.set_pool_slots(conn, pool_id=row["id"], slots=slots)
         record_event(conn, actor=actor, action="set_pool_slots", subject=subject, reason=reason,
                      details={"from": {"slots": row["slots"]}, "to": {"slots": slots}})
     return {"pool": pool, "slots": slots, "running": row["running"], "changed": changed}

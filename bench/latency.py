@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sql import Settings, config, db, explain, transitions, users
+from sql import Settings, accounts, config, db, explain, transitions
 
 from .claim import POOL, Bench, config_text, limits, scratch_database
 
@@ -235,7 +235,7 @@ def history_database(bench: Bench, *, history: int,
             db.connect(url, application_name="bench-latency") as conn:
         config.apply_config(conn, config_text(limits(1, binding=False), bench.projects),
                             actor="bench", env={})
-        users.upsert_user(conn, username=CONSOLE_USER, password=CONSOLE_PASSWORD, role="viewer")
+        accounts.upsert_user(conn, username=CONSOLE_USER, password=CONSOLE_PASSWORD, role="viewer")
         project_ids = [r["id"] for r in conn.execute("SELECT id FROM projects ORDER BY id")]
         pool_id = conn.execute("SELECT id FROM pools WHERE name = %s", (POOL,)).fetchone()["id"]
         # the history's attempts ran on a scheduler long gone; the bench claims as a live one

@@ -338,11 +338,11 @@ def tokens() -> None:
 def tokens_create(obj: Context, username: str, name: str, actor: str | None) -> None:
     """Create an API token; it is printed once and stored only as a hash. Audited as
     ``create_api_token`` (its id and label, never the token), as from the console."""
-    from sql import console
+    from sql import accounts
 
     with obj.connect() as conn:
-        issued = console.issue_api_token(conn, username=username, name=name,
-                                         actor=actor or default_actor())
+        issued = accounts.issue_api_token(conn, username=username, name=name,
+                                          actor=actor or default_actor())
     click.echo(issued["token"])
 
 

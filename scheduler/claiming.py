@@ -30,7 +30,8 @@ import time
 from collections.abc import Callable
 
 from sql import DatabaseUnavailable, FencedOut, Settings, transitions
-from sql.scheduling import backend_pid, connection
+from sql.db import checkout
+from sql.scheduling import backend_pid
 from sql.transitions import Claim
 from sql.validate import check_max_batch
 
@@ -130,7 +131,7 @@ class Claimer:
         """
         answered, claims = False, []
         try:
-            with connection(self.pool) as conn:
+            with checkout(self.pool) as conn:
                 sent = time.monotonic()
                 # Recorded before the request leaves: if its answer is lost, each token is
                 # looked up by the next run (_recover_pending).
@@ -173,7 +174,7 @@ class Claimer:
         launched = 0
         settled: set[int] = set()
         for token, session in list(self._pending.items()):
-            with connection(self.pool) as conn:
+            with checkout(self.pool) as conn:
                 found = transitions.recover_claim(
                     conn, claim_token=token,
                     backend_pid=None if session is None or session in settled else session)

@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 from sql import Settings, transitions
-from sql.scheduling import connection
+from sql.db import checkout
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ def expire_lapsed_leases(pool, settings: Settings, *, limit: int = 1000) -> list
     Raises:
         DatabaseUnavailable: the pass stopped early; what was expired so far stays expired.
     """
-    with connection(pool) as conn:
+    with checkout(pool) as conn:
         done = transitions.expire_leases(conn, limit=limit,
                                          backoff_base_seconds=settings.backoff_base_seconds,
                                          backoff_cap_seconds=settings.backoff_cap_seconds)

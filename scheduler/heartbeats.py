@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from sql import FencedOut, Settings, transitions
-from sql.scheduling import connection
+from sql.db import checkout
 from sql.transitions import Claim
 
 from .output import OutputTail
@@ -108,7 +108,7 @@ class Heartbeat(threading.Thread):
             sent = time.monotonic()
             total, text = self.tail.snapshot(HEARTBEAT_TAIL_BYTES) if self.tail else (0, "")
             try:
-                with connection(self.pool, timeout_seconds=interval) as conn:
+                with checkout(self.pool, timeout_seconds=interval) as conn:
                     lease = transitions.heartbeat(
                         conn, attempt_id=self.claim.attempt_id, generation=self.claim.generation,
                         lease_seconds=self.settings.lease_seconds,

@@ -28,7 +28,8 @@ from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from sql import DatabaseUnavailable, Settings, transitions
-from sql.scheduling import connection, listen_for_work, make_scheduler_pool, runner_pool_ids
+from sql.db import checkout
+from sql.scheduling import listen_for_work, make_scheduler_pool, runner_pool_ids
 from sql.transitions import Claim
 from sql.validate import check_max_batch
 
@@ -173,7 +174,7 @@ class Scheduler:
         delay = 0.2
         while not stop_event.is_set():
             try:
-                with connection(self._db) as conn:
+                with checkout(self._db) as conn:
                     self.runner_id = transitions.register_runner(
                         conn, name=self.name, pools=self.pools, slots=self.slots,
                         hostname=socket.gethostname(), pid=os.getpid())

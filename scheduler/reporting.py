@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sql import DatabaseUnavailable, FencedOut, PgDispatchError, Settings, transitions
-from sql.scheduling import connection
+from sql.db import checkout
 from sql.transitions import Claim
 from sql.validate import check_max_batch
 
@@ -120,7 +120,7 @@ class CompletionReporter:
                 self._send_one(batch[0])
                 return
             try:
-                with connection(self.pool, timeout_seconds=self.checkout_seconds) as conn:
+                with checkout(self.pool, timeout_seconds=self.checkout_seconds) as conn:
                     self.batches_sent += 1
                     answers = transitions.complete_batch(
                         conn, items=[r.item for r in batch],
@@ -167,7 +167,7 @@ class CompletionReporter:
             report.error = exc
 
     def _complete_one(self, item: dict[str, Any]) -> dict[str, Any]:
-        with connection(self.pool, timeout_seconds=self.checkout_seconds) as conn:
+        with checkout(self.pool, timeout_seconds=self.checkout_seconds) as conn:
             return transitions.complete(
                 conn, **item, backoff_base_seconds=self.settings.backoff_base_seconds,
                 backoff_cap_seconds=self.settings.backoff_cap_seconds)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from sql import transitions
-from sql.scheduling import connection
+from sql.db import checkout
 
 
 def beat(pool, *, runner_id: int, is_draining: bool) -> None:
@@ -13,7 +13,7 @@ def beat(pool, *, runner_id: int, is_draining: bool) -> None:
     Raises:
         DatabaseUnavailable: not recorded; the next beat will.
     """
-    with connection(pool) as conn:
+    with checkout(pool) as conn:
         transitions.beat_runner(conn, runner_id=runner_id, is_draining=is_draining)
 
 
@@ -23,5 +23,5 @@ def stop(pool, *, runner_id: int) -> None:
     Raises:
         DatabaseUnavailable: not recorded.
     """
-    with connection(pool) as conn:
+    with checkout(pool) as conn:
         transitions.stop_runner(conn, runner_id=runner_id)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from sql import transitions
-from sql.scheduling import connection
+from sql.db import checkout
 
 
 def refresh_queue_summary(pool) -> None:
@@ -13,5 +13,5 @@ def refresh_queue_summary(pool) -> None:
     Raises:
         DatabaseUnavailable: the refresh did not happen; the next run will do it.
     """
-    with connection(pool) as conn:
+    with checkout(pool) as conn:
         transitions.summarize_queue(conn)

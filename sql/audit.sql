@@ -12,3 +12,7 @@ SELECT id, at, actor, action, subject, reason, details
    AND (CAST(:subject AS text) IS NULL OR starts_with(subject, :subject))
  ORDER BY id DESC
  LIMIT :limit;
+
+-- name: last_actor$
+-- Who last acted on a subject, and when ("alice at 2025-01-31 14:02:03 UTC"), for conflicts.
+SELECT pgd_last_actor(:subject);

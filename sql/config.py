@@ -15,7 +15,7 @@ from typing import Any
 from .db import in_transaction
 from .errors import InvalidInput
 from .queries import Q
-from .users import ROLES, hash_password, verify_password
+from .accounts import ROLES, hash_password, verify_password
 from .validate import _shown, check_int, check_text
 
 SECTIONS = ("organizations", "pools", "projects", "targets", "users")

@@ -1,21 +1,25 @@
-"""Connections, the pool, and the transaction retry policy. Only ``sql`` imports psycopg."""
+"""Connections, the pool and its checkout, and the transaction retry policy. Only ``sql``
+imports psycopg (and psycopg_pool): a caller meets our exceptions, never theirs."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import random
 import time
+from collections.abc import Iterator
 from typing import Any, Callable, TypeVar
 
 import psycopg
 import psycopg.conninfo
 from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from . import metrics
-from .errors import InvalidInput, translate
+from .errors import DatabaseUnavailable, InvalidInput, translate
+from .queries import Q
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -106,6 +110,77 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pg
         configure=bound_idle_transactions, reconnect_timeout=300)
 
 
+def acquire(pool: ConnectionPool, *, timeout_seconds: float | None = None) -> psycopg.Connection:
+    """Check a connection out of ``pool`` (checked alive on checkout, see make_pool), waiting
+    at most ``timeout_seconds`` (the pool's own timeout when None). Give it back with
+    ``release``; where a ``with`` block fits, use ``checkout``.
+
+    Raises:
+        DatabaseUnavailable: no healthy connection within the timeout, or the pool is closed.
+    """
+    try:
+        return pool.getconn(timeout=timeout_seconds)
+    except psycopg.Error as exc:
+        raise _unavailable(exc, is_checkout=True) from None
+
+
+def release(pool: ConnectionPool, conn: psycopg.Connection) -> None:
+    """Give ``conn`` back to ``pool``; a connection left inside a transaction is rolled back
+    by the pool, a broken one is discarded."""
+    pool.putconn(conn)
+
+
+@contextlib.contextmanager
+def checkout(pool: ConnectionPool, *, timeout_seconds: float | None = None
+             ) -> Iterator[psycopg.Connection]:
+    """Borrow a connection from ``pool`` for one short piece of work (``acquire``, then
+    ``release`` when the block ends, however it ends).
+
+    Raises:
+        DatabaseUnavailable: no connection within ``timeout_seconds`` (the pool's default when
+        None), or the connection broke while in use (the server went away, was restarted, or
+        refused us).
+        Our other exceptions (sql.errors) pass through; a psycopg error raised in the block is
+        translated (sql.errors.translate), and one that is not ours is re-raised unchanged.
+    """
+    conn = acquire(pool, timeout_seconds=timeout_seconds)
+    try:
+        yield conn
+    except psycopg.Error as exc:
+        raised = _unavailable(exc, is_checkout=False)
+        if raised is exc:
+            raise
+        raise raised from None
+    finally:
+        release(pool, conn)
+
+
+def _unavailable(exc: psycopg.Error, *, is_checkout: bool) -> BaseException:
+    """Our exception for a psycopg error met checking out or using a pooled connection;
+    ``exc`` itself when it is not ours and was met in use."""
+    message = str(exc).strip()
+    message = message.splitlines()[0] if message else type(exc).__name__
+    # Both pool errors are OperationalErrors, so they are tested first.
+    if isinstance(exc, PoolTimeout):
+        return DatabaseUnavailable(f"the database did not answer in time ({message})")
+    if isinstance(exc, PoolClosed):
+        return DatabaseUnavailable("the connection pool is closed")
+    # InterfaceError is "the connection is closed", which a transition can hit when the
+    # server dropped the connection between statements.
+    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return DatabaseUnavailable(message)
+    raised = translate(exc)
+    if raised is exc and is_checkout:
+        # a checkout that fails is the database being unavailable, whatever the reason
+        return DatabaseUnavailable(message)
+    return raised
+
+
+def close_pool(pool: ConnectionPool, *, timeout_seconds: float = 5.0) -> None:
+    """Close ``pool`` and its connections, waiting at most ``timeout_seconds`` for workers."""
+    pool.close(timeout=timeout_seconds)
+
+
 def backoff_sleep(try_no: int, *, base_seconds: float = 0.01, cap_seconds: float = 1.0) -> None:
     """Sleep a full-jitter exponential delay: uniform(0, min(cap, base * 2**try_no)) seconds."""
     time.sleep(random.uniform(0, min(cap_seconds, base_seconds * (2 ** try_no))))
@@ -175,3 +250,13 @@ def transition(name: str, *, one_statement: bool = False
                 raise raised from None
         return run
     return wrap
+
+
+@transition("ping_database")
+def ping_database(conn: psycopg.Connection) -> bool:
+    """True when the server answers a trivial query (the console's /healthz).
+
+    Raises:
+        DatabaseUnavailable: the connection is broken or the server went away.
+    """
+    return Q.ping_database(conn) == 1

@@ -26,3 +26,10 @@ SELECT id, name, slots, pgd_pool_running(id) AS running FROM pools ORDER BY name
 -- name: list_grants
 -- Which project may run on which pool. Read-only.
 SELECT project_id, pool_id FROM project_pools;
+
+-- name: list_filter_choices^
+-- The names the console's filter menus offer (organizations, projects, pools), sorted. Read-only.
+SELECT ARRAY(SELECT name FROM organizations ORDER BY name) AS organizations,
+       ARRAY(SELECT name FROM projects ORDER BY name) AS projects,
+       ARRAY(SELECT name FROM pools ORDER BY name) AS pools;
+

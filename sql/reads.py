@@ -108,12 +108,12 @@ def list_runners(conn, *, live_seconds: float = 90.0) -> list[dict[str, Any]]:
     return list(Q.list_runners(conn, live_seconds=live_seconds))
 
 
-@transition("list_audit")
-def list_audit(conn, *, before_id: int = 2**63 - 1, limit: int = 100, actor: str | None = None,
-               action: str | None = None, subject: str | None = None) -> list[dict[str, Any]]:
-    """Audit events, newest first, keyset-paginated by id."""
-    return list(Q.list_audit_events(conn, before_id=before_id, limit=limit, actor=actor,
-                                    action=action, subject=subject))
+@transition("list_filter_choices")
+def list_filter_choices(conn) -> dict[str, list[str]]:
+    """Organization, project and pool names for the console's filter menus, sorted:
+    {"organizations": [...], "projects": [...], "pools": [...]}."""
+    row = Q.list_filter_choices(conn)
+    return {k: list(v) for k, v in row.items()}
 
 
 @transition("list_recent_jobs")

@@ -1,29 +1,28 @@
-"""What the scheduler process needs from ``sql`` beyond the transitions: a pooled connection
-whose failures arrive as our exceptions, and the pools a runner serves.
+"""What the scheduler process needs from ``sql`` beyond the transitions: a pool sized for
+it, the pools a runner serves, its session's backend pid, and the wake-up listener.
 
-``scheduler`` never imports psycopg, so a dropped connection, a pool that cannot hand out a
-connection in time, or a server that refuses connections must all surface here as
-``DatabaseUnavailable``: the one exception a scheduler catches to log, back off and carry on.
+Connections are borrowed with ``sql.db.checkout``: ``scheduler`` never imports psycopg, so a
+dropped connection, a pool that cannot hand out a connection in time, or a server that
+refuses connections all surface there as ``DatabaseUnavailable``, the one exception a
+scheduler catches to log, back off and carry on.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
 from .db import connect, make_pool, transition
-from .errors import DatabaseUnavailable, NotFound, translate
+from .errors import DatabaseUnavailable, NotFound
 from .queries import Q
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WAKEUP_CHANNEL", "backend_pid", "connection", "listen_for_work", "make_scheduler_pool",
+__all__ = ["WAKEUP_CHANNEL", "backend_pid", "listen_for_work", "make_scheduler_pool",
            "runner_pool_ids"]
 
 WAKEUP_CHANNEL = "pgdispatch_queued"  # migrations/0006_wakeups.sql; payload: the pool id
@@ -39,31 +38,6 @@ def make_scheduler_pool(url: str, *, slots: int, timeout_seconds: float = 2.0) -
     """
     return make_pool(url, min_size=1, max_size=slots + 4, name="pgdispatch-scheduler",
                      timeout_seconds=timeout_seconds)
-
-
-@contextlib.contextmanager
-def connection(pool: ConnectionPool, *, timeout_seconds: float | None = None) -> Iterator[Any]:
-    """Borrow a connection from ``pool`` for one short piece of work, waiting at most
-    ``timeout_seconds`` (the pool's default when None) to get one.
-
-    Raises:
-        DatabaseUnavailable: no connection could be had in time, or the connection broke while
-        in use (the server went away, was restarted, or refused us).
-        Our other exceptions (sql.errors) pass through unchanged.
-    """
-    try:
-        with pool.connection(timeout=timeout_seconds) as conn:
-            yield conn
-    except psycopg.Error as exc:
-        # PoolTimeout is an OperationalError; InterfaceError is "the connection is closed",
-        # which a transition can hit when the server dropped the connection between statements.
-        if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-            raise DatabaseUnavailable(str(exc).strip().splitlines()[0] if str(exc).strip()
-                                      else type(exc).__name__) from None
-        raised = translate(exc)
-        if raised is exc:
-            raise
-        raise raised from None
 
 
 def backend_pid(conn) -> int | None:

@@ -1,17 +1,17 @@
 """Admin area: accounts (create, role, disable, password), API tokens, and limits.
 
 Admins only: every route, pages included, answers 403 to operators and viewers. Each action
-is a conditional transition in ``sql.console`` that writes its audit event in the same
-transaction; forms carry the value the admin saw (``expected_*``), so a stale form loses
-with "already … (last change by bob at …)" instead of overwriting someone else's change.
+is a conditional transition in ``sql.accounts`` or ``sql.limits`` that writes its audit event
+in the same transaction; forms carry the value the admin saw (``expected_*``), so a stale form
+loses with "already … (last change by bob at …)" instead of overwriting someone else's change.
 """
 
 from __future__ import annotations
 
 from flask import Blueprint, flash, render_template, request, url_for
 
-from sql import InvalidInput, PgDispatchError, console
-from sql.users import ROLES
+from sql import InvalidInput, PgDispatchError, accounts, limits
+from sql.accounts import ROLES
 from sql.validate import check_int
 
 from .db import get_conn
@@ -48,7 +48,7 @@ def _form_password() -> str:
 
 def _users_context(new_token: dict | None = None) -> dict:
     conn = get_conn()
-    return {"users": console.list_users(conn), "tokens": console.list_api_tokens(conn),
+    return {"users": accounts.list_users(conn), "tokens": accounts.list_api_tokens(conn),
             "roles": ROLES, "new_token": new_token}
 
 
@@ -57,7 +57,7 @@ def _users_fragment() -> str:
 
 
 def _limits_fragment() -> str:
-    return render_template("admin/_limits.html", limits=console.list_limits(get_conn()))
+    return render_template("admin/_limits.html", limits=limits.list_limits(get_conn()))
 
 
 def _users_action(action, success):
@@ -77,21 +77,21 @@ def index():
     return render_view("admin/index.html", "admin/_users.html", **_users_context())
 
 
-@bp.get("/limits")
-def limits():
+@bp.get("/limits", endpoint="limits")
+def limits_page():
     """Organization limits, project bounds and weights, pool slots."""
     return render_view("admin/limits.html", "admin/_limits.html",
-                       limits=console.list_limits(get_conn()))
+                       limits=limits.list_limits(get_conn()))
 
 
 @bp.post("/users")
 def create_user():
     """Create an account with a password the admin sets."""
     return _users_action(
-        lambda conn: console.create_user(conn, username=form_text("username", required=True),
-                                         password=_form_password(),
-                                         role=form_text("role", required=True),
-                                         actor=actor(), reason=form_text("reason")),
+        lambda conn: accounts.create_user(conn, username=form_text("username", required=True),
+                                          password=_form_password(),
+                                          role=form_text("role", required=True),
+                                          actor=actor(), reason=form_text("reason")),
         lambda r: f"user {r['username']} created as {r['role']}")
 
 
@@ -99,10 +99,10 @@ def create_user():
 def set_role(username: str):
     """Change an account's role (conditional on the role the admin saw)."""
     return _users_action(
-        lambda conn: console.set_user_role(conn, username=username,
-                                           role=form_text("role", required=True),
-                                           expected_role=form_text("expected_role", required=True),
-                                           actor=actor(), reason=form_text("reason")),
+        lambda conn: accounts.set_user_role(conn, username=username,
+                                            role=form_text("role", required=True),
+                                            expected_role=form_text("expected_role", required=True),
+                                            actor=actor(), reason=form_text("reason")),
         lambda r: f"{r['username']} is now {r['role']}")
 
 
@@ -110,8 +110,8 @@ def set_role(username: str):
 def disable(username: str):
     """Disable an account: its sessions and API tokens stop working at once."""
     return _users_action(
-        lambda conn: console.set_user_disabled(conn, username=username, is_disabled=True,
-                                               actor=actor(), reason=form_text("reason")),
+        lambda conn: accounts.set_user_disabled(conn, username=username, is_disabled=True,
+                                                actor=actor(), reason=form_text("reason")),
         lambda r: f"{r['username']} disabled")
 
 
@@ -119,8 +119,8 @@ def disable(username: str):
 def enable(username: str):
     """Enable a disabled account."""
     return _users_action(
-        lambda conn: console.set_user_disabled(conn, username=username, is_disabled=False,
-                                               actor=actor(), reason=form_text("reason")),
+        lambda conn: accounts.set_user_disabled(conn, username=username, is_disabled=False,
+                                                actor=actor(), reason=form_text("reason")),
         lambda r: f"{r['username']} enabled")
 
 
@@ -128,8 +128,8 @@ def enable(username: str):
 def set_password(username: str):
     """Set an account's password (its other sessions end)."""
     return _users_action(
-        lambda conn: console.set_user_password(conn, username=username, password=_form_password(),
-                                               actor=actor(), reason=form_text("reason")),
+        lambda conn: accounts.set_user_password(conn, username=username, password=_form_password(),
+                                                actor=actor(), reason=form_text("reason")),
         lambda r: f"password of {r['username']} set; their other sessions are signed out")
 
 
@@ -139,9 +139,9 @@ def create_token():
     rendered here, never redirected through a flashed message in the session cookie."""
     back = url_for("admin.index")
     try:
-        made = console.issue_api_token(get_conn(), username=form_text("username", required=True),
-                                       name=form_text("name") or "api", actor=actor(),
-                                       reason=form_text("reason"))
+        made = accounts.issue_api_token(get_conn(), username=form_text("username", required=True),
+                                        name=form_text("name") or "api", actor=actor(),
+                                        reason=form_text("reason"))
     except PgDispatchError as exc:
         return respond(message=str(exc), category="error", status=exc.http_status, back=back)
     message = f"token {made['name']} created for {made['username']}: copy it now, it is not shown again"
@@ -157,8 +157,8 @@ def create_token():
 def revoke_token(token_id: int):
     """Revoke an API token at once."""
     return _users_action(
-        lambda conn: console.revoke_api_token(conn, token_id=token_id, actor=actor(),
-                                              reason=form_text("reason")),
+        lambda conn: accounts.revoke_api_token(conn, token_id=token_id, actor=actor(),
+                                               reason=form_text("reason")),
         lambda r: f"token {r['token_id']} of {r['username']} revoked")
 
 
@@ -171,10 +171,10 @@ def _unchanged(result: dict) -> str:
 def set_organization_limit(name: str):
     """Set an organization's concurrency limit (conditional on the value the admin saw)."""
     return _limits_action(
-        lambda conn: console.set_organization_limit(
+        lambda conn: limits.set_organization_limit(
             conn, organization=name,
-            max_running=_form_int("max_running", low=0, high=console.MAX_LIMIT),
-            expected_max_running=_form_int("expected_max_running", low=0, high=console.MAX_LIMIT),
+            max_running=_form_int("max_running", low=0, high=limits.MAX_LIMIT),
+            expected_max_running=_form_int("expected_max_running", low=0, high=limits.MAX_LIMIT),
             actor=actor(), reason=form_text("reason")),
         lambda r: f"organization {r['organization']}: limit {r['max_running']} "
                   f"({r['running']} running){_unchanged(r)}")
@@ -184,12 +184,12 @@ def set_organization_limit(name: str):
 def set_project_limits(name: str):
     """Set a project's running bound (blank: none) and weight (conditional)."""
     return _limits_action(
-        lambda conn: console.set_project_limits(
+        lambda conn: limits.set_project_limits(
             conn, project=name,
-            max_running=_form_optional_int("max_running", low=0, high=console.MAX_LIMIT),
+            max_running=_form_optional_int("max_running", low=0, high=limits.MAX_LIMIT),
             weight=_form_int("weight", low=1, high=1000),
             expected_max_running=_form_optional_int("expected_max_running", low=0,
-                                                    high=console.MAX_LIMIT),
+                                                    high=limits.MAX_LIMIT),
             expected_weight=_form_int("expected_weight", low=1, high=1000),
             actor=actor(), reason=form_text("reason")),
         lambda r: f"project {r['project']}: bound "
@@ -201,8 +201,8 @@ def set_project_limits(name: str):
 def set_pool_slots(name: str):
     """Set a pool's slots (conditional on the value the admin saw)."""
     return _limits_action(
-        lambda conn: console.set_pool_slots(
-            conn, pool=name, slots=_form_int("slots", low=0, high=console.MAX_LIMIT),
-            expected_slots=_form_int("expected_slots", low=0, high=console.MAX_LIMIT),
+        lambda conn: limits.set_pool_slots(
+            conn, pool=name, slots=_form_int("slots", low=0, high=limits.MAX_LIMIT),
+            expected_slots=_form_int("expected_slots", low=0, high=limits.MAX_LIMIT),
             actor=actor(), reason=form_text("reason")),
         lambda r: f"pool {r['pool']}: {r['slots']} slots ({r['running']} running){_unchanged(r)}")

@@ -12,7 +12,7 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, g, jsonify, request, url_for
 
-from sql import InvalidInput, explain, reads, transitions, users
+from sql import InvalidInput, accounts, explain, reads, transitions
 
 from .auth import ROLE_RANK
 from .db import get_conn
@@ -36,7 +36,7 @@ def _authenticate():
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         abort(401, description="a bearer token is required (Authorization: Bearer <token>)")
-    user = users.find_api_token(get_conn(), token=token.strip())
+    user = accounts.find_api_token(get_conn(), token=token.strip())
     if user is None:
         abort(401, description="the bearer token is not valid")
     g.api_user = user

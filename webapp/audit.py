@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from sql import reads
+from sql import audit
 
 from .db import get_conn
 from .views import MAX_BIGINT, arg_int, arg_text, render_view
@@ -19,7 +19,7 @@ def index():
     filters = {name: arg_text(name) for name in FILTERS}
     before_id = arg_int("before_id", MAX_BIGINT, low=1)
     limit = arg_int("limit", 100, low=1, high=500)
-    events = reads.list_audit(get_conn(), before_id=before_id, limit=limit, **filters)
+    events = audit.list_audit_events(get_conn(), before_id=before_id, limit=limit, **filters)
     older = events[-1]["id"] if len(events) == limit else None
     active = {k: v for k, v in filters.items() if v is not None}
     return render_view("audit/index.html", "audit/_table.html", events=events, filters=active,

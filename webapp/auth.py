@@ -19,7 +19,7 @@ from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 from flask_login import LoginManager, UserMixin, current_user, login_user, logout_user
 
-from sql import console, users
+from sql import accounts
 
 from .db import get_conn
 from .views import is_htmx
@@ -79,7 +79,7 @@ def _load_user(session_id: str) -> Operator | None:
     user_id, _, fingerprint = session_id.partition(":")
     if not user_id.isascii() or not user_id.isdigit() or len(user_id) > 18:
         return None
-    row = users.get_user(get_conn(), user_id=int(user_id))
+    row = accounts.get_user(get_conn(), user_id=int(user_id))
     if row is None or row["disabled_at"] is not None:
         return None
     user = Operator(row)
@@ -138,7 +138,7 @@ def login():
     password = request.form.get("password", "")
     user = None
     if 0 < len(username) <= 63 and "\x00" not in username and len(password) <= 1024:
-        user = users.authenticate(get_conn(), username=username, password=password)
+        user = accounts.authenticate(get_conn(), username=username, password=password)
     if user is None:
         # neither the password nor the username (it may be a password typed in the wrong box)
         log.warning("failed sign-in from %s", request.remote_addr)
@@ -146,7 +146,7 @@ def login():
                                error="wrong username or password"), 401
     session.clear()  # no session fixation: a fresh session for the signed-in user
     login_user(Operator(user))
-    console.record_sign_in(get_conn(), username=user["username"], address=request.remote_addr)
+    accounts.record_sign_in(get_conn(), username=user["username"], address=request.remote_addr)
     return redirect(next_path or url_for("overview.index"), code=303)
 
 
@@ -154,8 +154,8 @@ def login():
 def logout():
     """Sign out (POST with the CSRF token, like every state change); audited."""
     if current_user.is_authenticated:
-        console.record_sign_out(get_conn(), username=current_user.username,
-                                address=request.remote_addr)
+        accounts.record_sign_out(get_conn(), username=current_user.username,
+                                 address=request.remote_addr)
     logout_user()
     session.clear()
     return redirect(url_for("auth.login"), code=303)

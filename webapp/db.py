@@ -7,8 +7,7 @@ import threading
 
 from flask import Flask, current_app, g
 
-from sql import console
-from sql.db import make_pool
+import sql.db
 
 _lock = threading.Lock()
 _KEY = "pgdispatch.pool"
@@ -29,29 +28,32 @@ def _pool(app: Flask):
     with _lock:
         holder = app.extensions.get(_KEY)
         if holder is None or holder[0] != os.getpid():
-            pool = make_pool(app.config["DATABASE_URL"], min_size=app.config["DB_POOL_MIN_SIZE"],
-                             max_size=app.config["DB_POOL_MAX_SIZE"], name="pgdispatch-web",
-                             timeout_seconds=app.config["DB_POOL_TIMEOUT_SECONDS"])
+            pool = sql.db.make_pool(app.config["DATABASE_URL"],
+                                    min_size=app.config["DB_POOL_MIN_SIZE"],
+                                    max_size=app.config["DB_POOL_MAX_SIZE"], name="pgdispatch-web",
+                                    timeout_seconds=app.config["DB_POOL_TIMEOUT_SECONDS"])
             holder = (os.getpid(), pool)
             app.extensions[_KEY] = holder
     return holder[1]
 
 
 def get_conn():
-    """This request's connection (autocommit, dict rows), checked out on first use.
+    """This request's connection (autocommit, dict rows), checked out on first use and given
+    back when the request ends: ``sql.db.checkout`` split in two, since a request is not a
+    ``with`` block.
 
     Raises:
         sql.DatabaseUnavailable: no healthy connection in time.
     """
     if "db_conn" not in g:
-        g.db_conn = console.acquire(_pool(current_app))
+        g.db_conn = sql.db.acquire(_pool(current_app))
     return g.db_conn
 
 
 def _release(_exc: BaseException | None) -> None:
     conn = g.pop("db_conn", None)
     if conn is not None:
-        console.release(_pool(current_app), conn)
+        sql.db.release(_pool(current_app), conn)
 
 
 def close_pool(app: Flask) -> None:
@@ -60,4 +62,4 @@ def close_pool(app: Flask) -> None:
         holder = app.extensions.get(_KEY)
         app.extensions[_KEY] = None
     if holder is not None and holder[0] == os.getpid():
-        console.close_pool(holder[1])
+        sql.db.close_pool(holder[1])

@@ -7,7 +7,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 from prometheus_client.core import GaugeMetricFamily
 
 import sql.metrics  # noqa: F401  (registers the shared counters in the default registry)
-from sql import DatabaseUnavailable, console, reads
+from sql import DatabaseUnavailable, reads
+from sql.db import ping_database
 
 from .db import get_conn
 
@@ -78,7 +79,7 @@ def metrics():
 def healthz():
     """200 when the database answers, 503 otherwise."""
     try:
-        console.ping(get_conn())
+        ping_database(get_conn())
     except DatabaseUnavailable as exc:
         response = jsonify(status="unavailable", error=str(exc))
         response.status_code = 503

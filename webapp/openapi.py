@@ -136,7 +136,7 @@ SPEC: dict[str, Any] = {
     },
     "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                       "description": "a token from `sql.users.create_api_token`"}},
+                                       "description": "a token from `sql.accounts.create_api_token`"}},
         "responses": {"Error": {"description": "refused; nothing was changed",
                                 "content": _ERROR_CONTENT}},
         "schemas": {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app
 
-from sql import InvalidInput, console, reads
+from sql import InvalidInput, reads
 from sql.explain import REASON_CODES
 
 from .db import get_conn
@@ -23,7 +23,7 @@ def index():
     after_id = arg_int("after_id", 0)
     limit = arg_int("limit", 50, low=1, high=200)
     conn = get_conn()
-    choices = console.filter_choices(conn)
+    choices = reads.list_filter_choices(conn)
     for name in ("organization", "project", "pool"):
         # an unknown name is a mistyped link, said as the reason and state filters say it
         if filters[name] is not None and filters[name] not in choices[name + "s"]:

@@ -14,7 +14,7 @@ import sys
 import pytest
 import requests
 
-from sql import users
+from sql import accounts
 from sql.explain import explain_job
 
 from .test_scheduler_e2e import (ROOT, attempts, is_running, job_row, schedulers, sleeper,  # noqa: F401
@@ -59,7 +59,7 @@ def csrf(html: str) -> str:
 
 def test_lost_deployment_resolved_in_the_console_then_next_deployment_runs(world, schedulers, console):
     world.setup(pools=("deploy",), targets=("staging",))
-    users.upsert_user(world.conn, username="alice", password="alice-password", role="operator")
+    accounts.upsert_user(world.conn, username="alice", password="alice-password", role="operator")
     first = world.job(pool="deploy", target="staging", command=sleeper(schedulers))
     second = world.job(pool="deploy", target="staging", command=["sh", "-c", "echo second deploy"])
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from sql import config, db, migrate, users
+from sql import accounts, config, db, migrate
 
 from .chaos_procs import FAST_ENV, Fleet, free_port, http, wait_until
 from .chaos_runs import read_runs, reruns, run_command, runs_violations
@@ -153,7 +153,7 @@ def test_database_restart_under_load(own_server, fleet, tmp_path, capsys):
     migrate.upgrade(url)
     with db.connect(url) as conn:
         config.apply_config(conn, CONFIG, actor="test", env={"ALICE_PASSWORD": "correct horse 1"})
-        token = users.create_api_token(conn, username="alice")
+        token = accounts.create_api_token(conn, username="alice")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     scheds = [fleet.start_scheduler(f"s{i}", url, slots=SLOTS, grace_seconds=5)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from sql import console, db, reads
+from sql import db, limits, reads
 from sql.explain import explain_job
 from sql.queries import Q
 
@@ -27,10 +27,10 @@ def two_running_above_lowered_limits(world) -> tuple[list, dict]:
         claims.append(world.claim(runner))
     world.complete(claims[0])
     changed = {
-        "organization": console.set_organization_limit(world.conn, organization="acme", max_running=1,
-                                                       expected_max_running=3, actor="alice"),
-        "pool": console.set_pool_slots(world.conn, pool="linux", slots=1, expected_slots=3,
-                                       actor="alice"),
+        "organization": limits.set_organization_limit(world.conn, organization="acme", max_running=1,
+                                                      expected_max_running=3, actor="alice"),
+        "pool": limits.set_pool_slots(world.conn, pool="linux", slots=1, expected_slots=3,
+                                      actor="alice"),
     }
     return claims, changed
 
@@ -41,18 +41,18 @@ def test_limit_changes_answer_the_running_jobs(world):
                                         "changed": True},
                        "pool": {"pool": "linux", "slots": 1, "running": 2, "changed": True}}
     world.complete(claims[1])
-    again = console.set_organization_limit(world.conn, organization="acme", max_running=4,
-                                           expected_max_running=1, actor="alice")
+    again = limits.set_organization_limit(world.conn, organization="acme", max_running=4,
+                                          expected_max_running=1, actor="alice")
     assert again == {"organization": "acme", "max_running": 4, "running": 1, "changed": True}
 
 
 def test_lists_and_overview_count_held_slots(world):
     claims, _ = two_running_above_lowered_limits(world)
-    limits = console.list_limits(world.conn)
-    assert [(o["name"], o["max_running"], o["running"]) for o in limits["organizations"]] == \
+    listed = limits.list_limits(world.conn)
+    assert [(o["name"], o["max_running"], o["running"]) for o in listed["organizations"]] == \
         [("acme", 1, 2)]
-    assert [(p["name"], p["slots"], p["running"]) for p in limits["pools"]] == [("linux", 1, 2)]
-    assert [(p["name"], p["running"]) for p in limits["projects"]] == [("web", 2)]
+    assert [(p["name"], p["slots"], p["running"]) for p in listed["pools"]] == [("linux", 1, 2)]
+    assert [(p["name"], p["running"]) for p in listed["projects"]] == [("web", 2)]
     overview = reads.overview(world.conn)
     assert [(o["name"], o["running"]) for o in overview["organizations"]] == [("acme", 2)]
     assert [(p["name"], p["running"]) for p in overview["pools"]] == [("linux", 2)]

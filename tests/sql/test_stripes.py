@@ -12,7 +12,7 @@ import time
 import psycopg
 import pytest
 
-from sql import console, db, transitions
+from sql import db, limits, transitions
 
 
 def stripes(conn, kind: str) -> list[tuple[int, int]]:
@@ -363,8 +363,8 @@ def test_after_a_lowering_commits_no_claim_runs_over_the_new_limit(world, db_url
     for t in threads:
         t.start()
     time.sleep(1.0)
-    console.set_organization_limit(world.conn, organization="acme", max_running=2,
-                                   expected_max_running=6, actor="alice")
+    limits.set_organization_limit(world.conn, organization="acme", max_running=2,
+                                  expected_max_running=6, actor="alice")
     lowered_at = world.conn.execute("SELECT clock_timestamp() AS t").fetchone()["t"]
     time.sleep(2.0)
     stop.set()

@@ -6,7 +6,8 @@ import json
 import re
 import threading
 
-from sql import AlreadyResolved, Conflict, console, db, users
+from sql import AlreadyResolved, Conflict, db, limits
+from sql.accounts import create_api_token, set_user_role, token_digest
 
 from .conftest import csrf_from, login
 from .support import count
@@ -114,14 +115,14 @@ def test_two_admins_demoting_each_other_at_once_leave_one_admin(db_url, world):
     outcome: dict = {}
     try:
         with first.transaction():
-            console.set_user_role(first, username="grace", role="operator", expected_role="admin",
-                                  actor="ada")
+            set_user_role(first, username="grace", role="operator", expected_role="admin",
+                          actor="ada")
 
             def second():
                 with db.connect(db_url) as conn:
                     try:
-                        console.set_user_role(conn, username="ada", role="operator",
-                                              expected_role="admin", actor="grace")
+                        set_user_role(conn, username="ada", role="operator",
+                                      expected_role="admin", actor="grace")
                         outcome["second"] = "demoted"
                     except Conflict as exc:
                         outcome["second"] = str(exc)
@@ -141,7 +142,7 @@ def test_two_admins_demoting_each_other_at_once_leave_one_admin(db_url, world):
 def test_disabling_ends_sessions_and_tokens_and_enabling_restores(app, admin, signed_in, world):
     world.setup()
     alice = signed_in("alice")
-    token = users.create_api_token(world.conn, username="alice", name="ci")
+    token = create_api_token(world.conn, username="alice", name="ci")
     api = app.test_client()
     auth = {"Authorization": f"Bearer {token}"}
     assert api.get("/api/v1/jobs/1", headers=auth).status_code == 404
@@ -182,7 +183,7 @@ def test_api_token_is_shown_once_stored_hashed_and_revocable(app, admin, account
     assert "copy it now" in html
     assert token not in admin.get("/admin/").get_data(as_text=True)  # shown once
     stored = world.conn.execute("SELECT id, token_hash FROM api_tokens").fetchone()
-    assert stored["token_hash"] == users.token_digest(token)
+    assert stored["token_hash"] == token_digest(token)
     api = app.test_client()
     auth = {"Authorization": f"Bearer {token}"}
     assert api.post("/api/v1/projects/nope/pause", headers=auth, json={"reason": "x"}).status_code == 404
@@ -265,8 +266,8 @@ def test_concurrent_limit_edits_have_one_winner(db_url, world):
         with db.connect(db_url) as conn:
             barrier.wait()
             try:
-                console.set_pool_slots(conn, pool="linux", slots=slots, expected_slots=4,
-                                       actor=f"admin-{slots}")
+                limits.set_pool_slots(conn, pool="linux", slots=slots, expected_slots=4,
+                                      actor=f"admin-{slots}")
                 results.append("won")
             except AlreadyResolved as exc:
                 results.append(str(exc))

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from sql import users
+from sql.accounts import create_api_token
 from sql.explain import REASON_CODES
 
 from .support import count, ensure_account, make_uncertain_target
@@ -18,8 +18,8 @@ def tokens(conn):
     """Bearer tokens for alice (operator) and victor (viewer)."""
     ensure_account(conn, "alice", "alice-password", "operator")
     ensure_account(conn, "victor", "victor-password", "viewer")
-    return {"alice": users.create_api_token(conn, username="alice", name="ci"),
-            "victor": users.create_api_token(conn, username="victor", name="dashboard")}
+    return {"alice": create_api_token(conn, username="alice", name="ci"),
+            "victor": create_api_token(conn, username="victor", name="dashboard")}
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from sql import transitions, users
+from sql import transitions
+from sql.accounts import create_api_token
 
 from .support import ensure_account, make_uncertain_target
 
@@ -86,7 +87,7 @@ def fuzz_world(world):
     transitions.cancel_job(world.conn, job_id=jobs[-1], actor="test")
     jobs.append(world.job(command=["make"])["id"])
     ensure_account(world.conn, "alice", "alice-password", "operator")
-    token = users.create_api_token(world.conn, username="alice", name="fuzz")
+    token = create_api_token(world.conn, username="alice", name="fuzz")
     names = ["web", "api", "production", "linux", "deploy"]
     return {"token": token, "pinned": {"job_id": jobs, "name": names}}
 

@@ -9,7 +9,8 @@ import re
 
 import pytest
 
-from sql import transitions, users
+from sql import transitions
+from sql.accounts import create_api_token, token_digest
 
 from .conftest import PASSWORDS, csrf_from, login
 from .support import make_uncertain_target
@@ -58,9 +59,9 @@ def stage(world, accounts):
         transitions.cancel_job(world.conn, job_id=jobs[name], actor="test")
     token_id = world.conn.execute(
         "SELECT id FROM api_tokens WHERE token_hash = %s",
-        (users.token_digest(users.create_api_token(world.conn, username="victor", name="old")),)
+        (token_digest(create_api_token(world.conn, username="victor", name="old")),)
     ).fetchone()["id"]
-    return {"jobs": jobs, "alice_token": users.create_api_token(world.conn, username="alice"),
+    return {"jobs": jobs, "alice_token": create_api_token(world.conn, username="alice"),
             "token_id": token_id}
 
 

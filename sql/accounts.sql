@@ -1,18 +1,35 @@
--- name: ping_database$
--- Liveness probe for /healthz: one round trip that reads no table and locks nothing.
-SELECT 1 AS ok;
-
--- name: list_filter_choices^
--- The names the console's filter menus offer (organizations, projects, pools), sorted. Read-only.
-SELECT ARRAY(SELECT name FROM organizations ORDER BY name) AS organizations,
-       ARRAY(SELECT name FROM projects ORDER BY name) AS projects,
-       ARRAY(SELECT name FROM pools ORDER BY name) AS pools;
-
--- ---------------------------------------------------------------------------------------
--- Admin area: accounts, API tokens and limits. Each change is a conditional transition:
+-- Operator accounts and API tokens (sql/accounts.py). Sign-in reads; config apply declares
+-- accounts unaudited (upsert_user); the admin area's changes are conditional transitions:
 -- the row is locked first, compared with what the admin saw, changed, and audited in the
--- same transaction (sql/console.py). Each locks one row of one table (plus, for changes
--- that could remove the last admin, every active admin's row, in id order).
+-- same transaction. Each locks one row of one table (plus, for changes that could remove
+-- the last admin, every active admin's row, in id order).
+
+-- name: get_user^
+-- One operator account by username. Read-only.
+SELECT id, username, password_hash, role, disabled_at FROM users WHERE username = :username;
+
+-- name: get_user_by_id^
+-- One operator account by id. Read-only.
+SELECT id, username, password_hash, role, disabled_at FROM users WHERE id = :user_id;
+
+-- name: find_api_token^
+-- The user behind a bearer token's sha256, if the token and the user are active.
+UPDATE api_tokens t SET last_used_at = now()
+  FROM users u
+ WHERE t.token_hash = :token_hash AND t.revoked_at IS NULL
+   AND u.id = t.user_id AND u.disabled_at IS NULL
+RETURNING u.id, u.username, u.role;
+
+-- name: upsert_user!
+-- Declare an operator account with its role and password hash.
+INSERT INTO users (username, password_hash, role) VALUES (:username, :password_hash, :role)
+ON CONFLICT (username) DO UPDATE SET password_hash = excluded.password_hash, role = excluded.role;
+
+-- name: create_api_token$
+-- Store a new bearer token's sha256 for a user; the token itself is never stored.
+INSERT INTO api_tokens (user_id, name, token_hash)
+SELECT u.id, :name, :token_hash FROM users u WHERE u.username = :username
+RETURNING id;
 
 -- name: list_users
 -- Every account with its role, state and how many live API tokens it has. Read-only.
@@ -27,7 +44,7 @@ SELECT t.id, u.username, t.name, t.created_at, t.last_used_at, t.revoked_at
   FROM api_tokens t JOIN users u ON u.id = t.user_id
  ORDER BY t.revoked_at IS NOT NULL, t.id DESC;
 
--- name: insert_user$
+-- name: create_user$
 -- Create an account; NULL when the username is taken (the caller says so, nothing written).
 INSERT INTO users (username, password_hash, role) VALUES (:username, :password_hash, :role)
 ON CONFLICT (username) DO NOTHING
@@ -43,16 +60,16 @@ SELECT id, username, role, disabled_at FROM users WHERE username = :username FOR
 -- re-reads). Read Committed: the next statement sees what the first committed.
 SELECT id, username FROM users WHERE role = 'admin' AND disabled_at IS NULL ORDER BY id FOR UPDATE;
 
--- name: update_user_role!
+-- name: set_user_role!
 -- Change an account's role (the row is locked by lock_user in this transaction).
 UPDATE users SET role = :role WHERE id = :user_id;
 
--- name: update_user_disabled_at$
+-- name: set_user_disabled$
 -- Disable (now()) or enable (NULL) an account; returns the new disabled_at.
 UPDATE users SET disabled_at = CASE WHEN :is_disabled THEN now() END WHERE id = :user_id
 RETURNING disabled_at;
 
--- name: update_user_password!
+-- name: set_user_password!
 -- Store a new argon2 hash for an account (its sessions end: they carry the old hash's fingerprint).
 UPDATE users SET password_hash = :password_hash WHERE id = :user_id;
 
@@ -66,34 +83,3 @@ SELECT t.id, t.name, t.revoked_at, u.username
 -- name: revoke_api_token$
 -- Revoke a token now; from the next request on it authenticates nothing.
 UPDATE api_tokens SET revoked_at = now() WHERE id = :token_id RETURNING revoked_at;
-
--- name: lock_organization^
--- Lock an organization's row before changing its limit (first in the lock order), with its
--- running count: its held slots (migration 0008).
-SELECT id, name, max_running, pgd_organization_running(id) AS running
-  FROM organizations WHERE name = :name FOR UPDATE;
-
--- name: update_organization_limit!
--- Set an organization's concurrency limit; below the running count it only stops new claims.
-UPDATE organizations SET max_running = :max_running WHERE id = :organization_id;
-
--- name: lock_project^
--- Lock a project's row before changing its bound and weight.
-SELECT id, name, max_running, weight, pgd_project_running(id) AS running FROM projects WHERE name = :name FOR UPDATE;
-
--- name: update_project_limits!
--- Set a project's running bound (NULL: none) and fairness weight.
-UPDATE projects SET max_running = :max_running, weight = :weight WHERE id = :project_id;
-
--- name: lock_pool^
--- Lock a pool's row before changing its slots, with its running count: its held slots
--- (migration 0008).
-SELECT id, name, slots, pgd_pool_running(id) AS running FROM pools WHERE name = :name FOR UPDATE;
-
--- name: update_pool_slots!
--- Set a pool's slots; below the running count it only stops new claims.
-UPDATE pools SET slots = :slots WHERE id = :pool_id;
-
--- name: last_actor$
--- Who last acted on a subject, and when ("alice at 2025-01-31 14:02:03 UTC"), for conflicts.
-SELECT pgd_last_actor(:subject);

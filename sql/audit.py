@@ -1,0 +1,54 @@
+"""The audit log: append an event in the caller's transaction, read events back, and name
+who changed a subject last when a stale change is refused.
+
+The table refuses UPDATE and DELETE (``pgd_audit``); every change the console, the API and
+the CLI make writes its event in the transaction that makes the change.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .db import transition
+from .errors import AlreadyResolved
+from .queries import Q
+from .validate import check_text
+
+
+@transition("record_event")
+def record_event(conn, *, actor: str, action: str, subject: str, reason: str | None = None,
+                 details: dict[str, Any] | None = None) -> int:
+    """Append one audit event (``subject`` as "kind:name", e.g. "user:alice"; a blank
+    ``reason`` is stored as none); returns its id.
+
+    Raises:
+        InvalidInput: an empty or over-long actor (200) or reason (1000).
+    """
+    return Q.record_event(conn, actor=check_text("actor", actor, max_len=200), action=action,
+                          subject=subject, reason=_optional_reason(reason),
+                          details=json.dumps(details or {}))
+
+
+def _optional_reason(reason: str | None) -> str | None:
+    if reason is None or reason.strip() == "":
+        return None
+    return check_text("reason", reason, max_len=1000)
+
+
+def already_resolved(conn, *, subject: str, what: str) -> AlreadyResolved:
+    """The refusal for a change made from a stale form: ``what`` the row holds now, who
+    changed ``subject`` last and when ("alice at 2025-01-31 14:02:03 UTC")."""
+    return AlreadyResolved(f"{what} (last change by {Q.last_actor(conn, subject=subject)}); "
+                           "reload and try again")
+
+
+@transition("list_audit_events")
+def list_audit_events(conn, *, before_id: int = 2**63 - 1, limit: int = 100,
+                      actor: str | None = None, action: str | None = None,
+                      subject: str | None = None) -> list[dict[str, Any]]:
+    """Audit events with ids below ``before_id``, newest first (keyset pagination), at most
+    ``limit``, optionally only ``actor``'s, only ``action``, or only subjects starting with
+    ``subject``. Each: id, at, actor, action, subject, reason, details."""
+    return list(Q.list_audit_events(conn, before_id=before_id, limit=limit, actor=actor,
+                                    action=action, subject=subject))

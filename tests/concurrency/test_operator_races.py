@@ -298,7 +298,7 @@ def test_one_completion_delivered_twice_at_once_is_recorded_once(world, db_url):
 # A deliberately broken completion: the receipt and the attempt are checked on plain reads
 # before any lock, and a duplicate receipt is dropped instead of refused. Its writes follow
 # the lock order (job, attempt, organization stripe, pool stripe) and release as
-# pgd_complete_attempt does (pgd_release_slots: the slots on the stripes the job's latest
+# pgd_complete does (pgd_release_slots: the slots on the stripes the job's latest
 # attempt recorded), then take those stripes off that attempt, as slot rows freed by job id
 # were left naming no job (see BROKEN_EXPIRE_SQL in harness.py).
 BROKEN_COMPLETE_SQL = """

@@ -389,14 +389,6 @@ def resolve_target(conn, *, target: str, outcome: str, note: str, actor: str) ->
                             actor=check_text("actor", actor, max_len=200))
 
 
-@transition("record_event")
-def record_event(conn, *, actor: str, action: str, subject: str, reason: str | None = None,
-                 details: dict[str, Any] | None = None) -> int:
-    """Append one audit event; returns its id."""
-    return Q.record_event(conn, actor=actor, action=action, subject=subject, reason=reason,
-                          details=json.dumps(details or {}))
-
-
 @transition("register_runner")
 def register_runner(conn, *, name: str, pools: Sequence[str], slots: int, hostname: str = "",
                     pid: int | None = None) -> int:

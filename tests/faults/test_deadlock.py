@@ -31,7 +31,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from sql import Conflict, FencedOut, InvalidInput, config, db, transitions
+from sql import Conflict, FencedOut, InvalidInput, audit, config, db, transitions
 
 from . import consistency, pause_point
 
@@ -94,8 +94,8 @@ def reprioritize(conn, *, job_id: int, org_id: int, before_job_lock) -> int:
     conn.execute("SELECT 1 FROM jobs WHERE id = %s FOR UPDATE", (job_id,))
     row = conn.execute("UPDATE jobs SET priority = priority + 1 WHERE id = %s RETURNING priority",
                        (job_id,)).fetchone()
-    transitions.record_event(conn, actor="alice", action="reprioritize", subject=f"job:{job_id}",
-                             reason="deadlock test")
+    audit.record_event(conn, actor="alice", action="reprioritize", subject=f"job:{job_id}",
+                       reason="deadlock test")
     return row["priority"]
 
 

@@ -12,9 +12,9 @@ Run it from the repository root::
 
 Method. One PostgreSQL serves the invocation (the embedded one, started in a temporary
 directory and stopped at the end, or ``DATABASE_URL``'s). Every run gets a new database, a
-copy of a migrated template (``bench.claim.make_template``), with one organization, one pool
+copy of a migrated template (``bench.common.make_template``), with one organization, one pool
 and 4 projects (limits 100,000: checked, never binding) and ``jobs`` queued no-op jobs spread
-round-robin over the projects (``bench.claim.prepare``); then one pgbench run of the variant's
+round-robin over the projects (``bench.common.prepare``); then one pgbench run of the variant's
 script, ``-n -M simple -c N -j min(N, 2) -t T``, with ``T`` = ``--jobs`` / N rounded up to a
 multiple of 4 and exactly ``N * T`` jobs queued, so that every claim finds a job. A raw
 script's client takes the projects in turn (client ``i``'s cycle ``k`` claims from project
@@ -119,14 +119,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from sql import db, transitions
 
-from .claim import (POOL, bench_server, create_database, drop_database, limits, make_template,
-                    prepare, scratch_database, server_settings, with_database)
+from .common import (POOL, RESULTS_DIR, bench_server, create_database, database_name, drop_database,
+                     git_commit, limits, machine, make_template, parse_tps, pgbench, pgbench_version,
+                     prepare, scratch_database, server_settings, with_database)
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PROJECTS = 4
 FULL = {"clients": "1,4,8", "repeats": 3, "jobs": 2000}
 QUICK = {"clients": "1,4", "repeats": 1, "jobs": 400}
@@ -570,7 +569,7 @@ class Context:
             return self.template
         if self.history_template is None:
             url = create_database(self.server_url, "pgd_bench_costs_hist", template=self.template)
-            self.history_template = urlsplit(url).path.lstrip("/")
+            self.history_template = database_name(url)
             started = time.monotonic()
             prepare(url, jobs=0, projects=PROJECTS, limit=limits(1, binding=False))
             with db.connect(url, application_name="bench-costs-setup") as conn:
@@ -618,7 +617,7 @@ def set_up(url: str, v: Variant, jobs: int, opts: argparse.Namespace) -> dict[st
             settings.append(("synchronous_commit", opts.synchronous_commit))
         for name, value in settings:
             # for pgbench's sessions (they connect later) and for the EXPLAIN below
-            conn.execute(f"ALTER DATABASE {urlsplit(url).path.lstrip('/')} SET {name} = {value}")
+            conn.execute(f"ALTER DATABASE {database_name(url)} SET {name} = {value}")
             conn.execute(f"SET {name} = {value}")
         if v.claim_index is not None:
             conn.execute("DROP INDEX jobs_claim_idx")
@@ -639,8 +638,6 @@ def set_up(url: str, v: Variant, jobs: int, opts: argparse.Namespace) -> dict[st
 
 def run_one(ctx: Context, v: Variant, clients: int) -> dict[str, Any]:
     """One pgbench run of ``v`` at ``clients`` clients on a fresh database, checked."""
-    from .ceiling import parse_tps, pgbench
-
     per_client = math.ceil(ctx.opts.jobs / clients / PROJECTS) * PROJECTS
     jobs = per_client * clients
     setup_started = time.monotonic()
@@ -834,9 +831,6 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m bench costs``: run the variants, print the table, save the JSON. Returns 0,
     or 1 when a run failed (the others still ran and are reported)."""
-    from . import report
-    from .ceiling import pgbench_version
-
     opts = parse(argv or [])
     variants = {n: all_variants(opts.history)[n] for n in opts.variant_names}
     if opts.print_scripts:
@@ -847,7 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc: dict[str, Any] = {
         "benchmark": "costs", "created_at": started_at.isoformat(timespec="seconds"),
         "command": ["python -m bench costs", *(argv or [])], "quick": opts.quick,
-        "machine": report.machine(), "pgdispatch": report._git_commit(),
+        "machine": machine(), "pgdispatch": git_commit(),
         "pgbench": pgbench_version(),
         "params": {"clients": opts.clients, "repeats": opts.repeats, "jobs": opts.jobs,
                    "projects": PROJECTS, "history": opts.history, "slots": opts.slots,

@@ -49,7 +49,6 @@ table and saved as JSON under ``bench/results/`` (gitignored).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime as dt
 import heapq
@@ -59,19 +58,14 @@ import os
 import platform
 import random
 import re
-import shutil
 import statistics
-import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from sql import config, db, migrate, transitions
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from .common import RESULTS_DIR, bench_server, scratch_database, template_database
 
 # The global priority/FIFO order: a candidate (project, pool) ranks by its head job, the one
 # pgd_claim would take from it — (priority DESC, id) across all projects.
@@ -493,47 +487,6 @@ def drive_concurrent(db_url: str, *, runner_id: int, pool_ids: Sequence[int], na
         errors.append(RuntimeError(f"threads still running after stop: {alive}"))
     return ConcurrentReport(samples=samples, completed=completed, claims=claims[0], errors=errors)
 
-# --- databases --------------------------------------------------------------------------------
-
-
-def _with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + name, parts.query, parts.fragment))
-
-
-@contextlib.contextmanager
-def bench_server() -> Iterator[tuple[str, str]]:
-    """A server to create benchmark databases on: DATABASE_URL's, or an embedded one started
-    in a temporary directory and stopped (and removed) afterwards. Yields (url, kind)."""
-    if os.environ.get("DATABASE_URL"):
-        yield os.environ["DATABASE_URL"], "DATABASE_URL"
-        return
-    from sql.embedded import start_embedded, stop_embedded
-
-    tmp = Path(tempfile.mkdtemp(prefix="pgd-bench-"))
-    os.chmod(tmp, 0o755)  # the embedded server may run as its own unprivileged user
-    try:
-        yield start_embedded(tmp), "embedded"
-    finally:
-        stop_embedded(tmp)
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def fresh_database(server_url: str) -> Iterator[str]:
-    """A new migrated ``pgd_bench_fairness_*`` database on the server; dropped afterwards."""
-    name = f"pgd_bench_fairness_{uuid.uuid4().hex[:10]}"
-    with db.connect(server_url) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    url = _with_database(server_url, name)
-    try:
-        migrate.upgrade(url)
-        yield url
-    finally:
-        with db.connect(server_url) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
 VARIANTS: dict[str, Callable[[Any], None] | None] = {
     "pgdispatch": None,
     "single-read": install_single_read,
@@ -618,11 +571,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = []
     started_at = dt.datetime.now(dt.timezone.utc)
     version = None
-    with bench_server() as (server_url, server_kind):
+    with bench_server() as (server_url, server_kind), \
+            template_database(server_url, "pgd_bench_fairness_template") as template:
         for variant, install in variants.items():
             for workload, claims, until in ((asym, args.asymmetric_claims, small_all_started),
                                             (weigh, args.weighted_claims, None)):
-                with fresh_database(server_url) as url, \
+                with scratch_database(server_url, "pgd_bench_fairness", template=template) as url, \
                         db.connect(url, application_name="bench-fairness") as conn:
                     if install is not None:
                         install(conn)
@@ -635,7 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"in {result['wall_seconds']:.1f} s", flush=True)
             # the same 3:1 workload with real concurrency: claim loops on their own connections
             threaded = weighted(jobs_each=int(400 * (args.threads_seconds + 1)))
-            with fresh_database(server_url) as url, \
+            with scratch_database(server_url, "pgd_bench_fairness", template=template) as url, \
                     db.connect(url, application_name="bench-fairness") as conn:
                 if install is not None:
                     install(conn)

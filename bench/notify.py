@@ -16,7 +16,7 @@ Like the other benchmarks it uses one server for the whole invocation: an embedd
 started in a temporary directory (stopped and removed at the end), or ``DATABASE_URL``'s when
 set (the role needs CREATEDB; every ``pgd_bench_notify_*`` database is dropped afterwards).
 Every run gets a fresh copy of a migrated template. Every worker is its own process
-(``bench.claim.run_processes``: spawned, started together on a barrier) with its own
+(``bench.common.run_processes``: spawned, started together on a barrier) with its own
 connections. All times are ``time.monotonic()`` (one clock for every process on Linux).
 sql/migrations is not touched: the NOTIFY trigger below is installed only in the scratch
 databases of the runs that use it.
@@ -136,13 +136,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from bench.claim import (bench_server, create_database, drop_database, run_processes,
-                         scratch_database, server_settings, with_database)
-from sql import config, db, migrate, transitions
+from sql import config, db, transitions
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from .common import (RESULTS_DIR, bench_server, parse_tps, percentile, pgbench, run_processes,
+                     scratch_database, server_settings, template_database)
+
 ORG = "bench"
 PROJECT = "p0"
 SHARED_POOL = "shared"
@@ -241,22 +240,7 @@ def setup_world(url: str, pools: Sequence[str], *, notify: bool) -> dict[str, in
         return {r["name"]: r["id"] for r in conn.execute(POOL_IDS, {"names": list(pools)})}
 
 
-def make_template(server_url: str) -> str:
-    """A migrated database to copy each run's database from; returns its name."""
-    url = create_database(server_url, "pgd_bench_notify_template")
-    migrate.upgrade(url)
-    return urlsplit(url).path.lstrip("/")
-
-
 # --- statistics -----------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], p: float) -> float | None:
-    """Nearest-rank percentile (``p`` in 0..100) of ``values``; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
 def backend_cpu_seconds(pid: int) -> float | None:
@@ -706,8 +690,6 @@ def ceiling_run(server_url: str, *, variant: str, clients: int, seconds: float, 
     seconds at ``clients`` clients, ``listeners`` listening, in a fresh database.
     Returns {"variant", "clients", "seconds", "tps" and "jobs_per_s" (both transactions/s),
     "rows", "received", "waits"}."""
-    from bench.ceiling import parse_tps, pgbench
-
     with scratch_database(server_url, "pgd_bench_notify_ceiling") as url:
         with db.connect(url, application_name="bench-setup") as conn:
             conn.execute(EVENTS_TABLE)
@@ -871,45 +853,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     wakeups: list[dict[str, Any]] = []
     throughputs: list[dict[str, Any]] = []
     ceilings: list[dict[str, Any]] = []
-    with bench_server() as (server_url, server_kind):
+    with bench_server() as (server_url, server_kind), \
+            template_database(server_url, "pgd_bench_notify_template") as template:
         settings = server_settings(server_url)
-        template = make_template(server_url)
-        try:
-            if "wakeup" in parts:
-                modes = [("poll", i) for i in args.intervals] + [("listen", args.listen_fallback_seconds)]
-                for mode, interval in modes:
-                    t_run = time.monotonic()
-                    run = wakeup_run(server_url, template, mode=mode, interval_s=interval,
-                                     claimers=args.claimers, submits=submits, idle_s=idle_s,
-                                     herd_jobs=herd_jobs, min_gap_s=args.gap_seconds,
-                                     measure_cpu=server_kind == "embedded",
-                                     timeout_s=args.timeout_seconds)
-                    run.update(wall_seconds=time.monotonic() - t_run, load_1min=os.getloadavg()[0])
-                    wakeups.append(run)
-                    print(f"  wake-up {run['label']}: p50 {_fmt(run['p50_ms'])} ms, "
-                          f"p95 {_fmt(run['p95_ms'])} ms, idle {_fmt(run['idle_claims_per_s'])} "
-                          f"claims/s ({run['wall_seconds']:.1f} s)", flush=True)
-            if "throughput" in parts:
-                for rep, n, v in alternated(repeats, clients):
-                    t_run = time.monotonic()
-                    run = throughput_run(server_url, template, variant=v, clients=n, jobs=jobs,
-                                         listeners=args.listeners, timeout_s=args.timeout_seconds)
-                    run.update(repeat=rep, wall_seconds=time.monotonic() - t_run,
-                               load_1min=os.getloadavg()[0])
-                    throughputs.append(run)
-                    print(f"  submit {v} N={n} #{rep + 1}: {run['jobs_per_s']:.0f} jobs/s "
-                          f"({run['wall_seconds']:.1f} s)", flush=True)
-            if "ceiling" in parts:
-                for rep, n, v in alternated(repeats, clients):
-                    run = ceiling_run(server_url, variant=v, clients=n, seconds=pgbench_s,
-                                      listeners=args.listeners,
-                                      timeout_s=pgbench_s + args.timeout_seconds)
-                    run.update(repeat=rep, load_1min=os.getloadavg()[0])
-                    ceilings.append(run)
-                    print(f"  pgbench {v} N={n} #{rep + 1}: {run['tps']:.0f} transactions/s",
-                          flush=True)
-        finally:
-            drop_database(server_url, with_database(server_url, template))
+        if "wakeup" in parts:
+            modes = [("poll", i) for i in args.intervals] + [("listen", args.listen_fallback_seconds)]
+            for mode, interval in modes:
+                t_run = time.monotonic()
+                run = wakeup_run(server_url, template, mode=mode, interval_s=interval,
+                                 claimers=args.claimers, submits=submits, idle_s=idle_s,
+                                 herd_jobs=herd_jobs, min_gap_s=args.gap_seconds,
+                                 measure_cpu=server_kind == "embedded",
+                                 timeout_s=args.timeout_seconds)
+                run.update(wall_seconds=time.monotonic() - t_run, load_1min=os.getloadavg()[0])
+                wakeups.append(run)
+                print(f"  wake-up {run['label']}: p50 {_fmt(run['p50_ms'])} ms, "
+                      f"p95 {_fmt(run['p95_ms'])} ms, idle {_fmt(run['idle_claims_per_s'])} "
+                      f"claims/s ({run['wall_seconds']:.1f} s)", flush=True)
+        if "throughput" in parts:
+            for rep, n, v in alternated(repeats, clients):
+                t_run = time.monotonic()
+                run = throughput_run(server_url, template, variant=v, clients=n, jobs=jobs,
+                                     listeners=args.listeners, timeout_s=args.timeout_seconds)
+                run.update(repeat=rep, wall_seconds=time.monotonic() - t_run,
+                           load_1min=os.getloadavg()[0])
+                throughputs.append(run)
+                print(f"  submit {v} N={n} #{rep + 1}: {run['jobs_per_s']:.0f} jobs/s "
+                      f"({run['wall_seconds']:.1f} s)", flush=True)
+        if "ceiling" in parts:
+            for rep, n, v in alternated(repeats, clients):
+                run = ceiling_run(server_url, variant=v, clients=n, seconds=pgbench_s,
+                                  listeners=args.listeners,
+                                  timeout_s=pgbench_s + args.timeout_seconds)
+                run.update(repeat=rep, load_1min=os.getloadavg()[0])
+                ceilings.append(run)
+                print(f"  pgbench {v} N={n} #{rep + 1}: {run['tps']:.0f} transactions/s",
+                      flush=True)
     summary = throughput_summary(throughputs)
     ceiling_summary = throughput_summary(ceilings)
     print()

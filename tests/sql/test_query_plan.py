@@ -1,7 +1,7 @@
 """The claim's job selection is served by jobs_claim_idx, not a scan of the jobs table.
 
-The SELECT is taken verbatim from pgd_claim in migrations/0002_transitions.sql (so the test
-follows the function when it changes) and explained three ways: with literal ids (a custom
+The SELECT is taken verbatim from pgd_claim as the database defines it (so the test follows
+the function when it changes) and explained three ways: with literal ids (a custom
 plan), as a prepared statement forced to a generic plan (what PL/pgSQL switches to after a
 few calls), and, through auto_explain, as the plans pgd_claim itself runs.
 """
@@ -13,20 +13,20 @@ import re
 
 import pytest
 
-from bench import fairness
-from sql import db, migrate, transitions
+from sql import db, transitions
+
+from ..variants import function_sql, variant_sql
 
 PROJECTS = ("web", "api", "shop", "ops", "docs")
 QUEUED_PER_PROJECT = 800
 FINISHED = 20000
 
 
-def claim_selection_sql() -> str:
-    """pgd_claim's job-selection statement, with ``INTO v_job`` removed and the candidate's
-    ids left as ``c.project_id`` / ``c.pool_id`` for the caller to bind."""
-    text = (migrate.MIGRATIONS_DIR / "0002_transitions.sql").read_text()
-    body = text[text.index("CREATE FUNCTION pgd_claim("):]
-    body = body[:body.index("$$;")]
+def claim_selection_sql(conn) -> str:
+    """pgd_claim's job-selection statement, as the database defines it, with ``INTO v_job``
+    removed and the candidate's ids left as ``c.project_id`` / ``c.pool_id`` for the caller
+    to bind."""
+    body = function_sql(conn, "pgd_claim")
     match = re.search(r"SELECT j\.\* INTO v_job\s+FROM jobs j.*?SKIP LOCKED", body, re.S)
     assert match, "pgd_claim's job selection not found: update this test with the function"
     return match.group(0).replace(" INTO v_job", "")
@@ -86,14 +86,14 @@ def explain(conn, statement: str, params=()) -> dict:
 
 
 def test_claim_selection_with_literal_ids_uses_the_claim_index(conn, loaded):
-    sql = claim_selection_sql()
+    sql = claim_selection_sql(conn)
     for project_id in loaded["project_ids"].values():
         statement = sql.replace("c.project_id", str(project_id)).replace("c.pool_id", str(loaded["pool_id"]))
         assert_uses_claim_index(explain(conn, statement))
 
 
 def test_claim_selection_as_a_generic_plan_uses_the_claim_index(conn, loaded):
-    statement = claim_selection_sql().replace("c.project_id", "$1").replace("c.pool_id", "$2")
+    statement = claim_selection_sql(conn).replace("c.project_id", "$1").replace("c.pool_id", "$2")
     conn.execute(f"PREPARE pick(bigint, bigint) AS {statement}")
     conn.execute("SET plan_cache_mode = force_generic_plan")
     project_id = loaded["project_ids"]["web"]
@@ -129,7 +129,7 @@ def test_the_check_fails_without_the_claim_index(conn, loaded):
     the jobs table or another index, and a sort), and the check says so."""
     conn.execute("DROP INDEX jobs_claim_idx")
     conn.execute("ANALYZE jobs")
-    statement = (claim_selection_sql().replace("c.project_id", str(loaded["project_ids"]["web"]))
+    statement = (claim_selection_sql(conn).replace("c.project_id", str(loaded["project_ids"]["web"]))
                  .replace("c.pool_id", str(loaded["pool_id"])))
     with pytest.raises(AssertionError):
         assert_uses_claim_index(explain(conn, statement))
@@ -219,7 +219,7 @@ def test_the_stripe_probe_check_fails_for_a_plain_exists(db_url, world, loaded):
     world.apply({"organizations": [{"name": "acme", "max_running": 100000}],
                  "pools": [{"name": "linux", "slots": 100000}]})
     many_owners(world.conn)
-    world.conn.execute(fairness.variant_sql("pgd_claim_candidates", [
+    world.conn.execute(variant_sql(world.conn, "pgd_claim_candidates", [
         ("AND s.held < s.cap\n                              LIMIT 1 OFFSET 0)", "AND s.held < s.cap)"),
         ("AND s.held < s.cap\n                    LIMIT 1 OFFSET 0)", "AND s.held < s.cap)")]))
     runner = world.runner(pools=("linux",), slots=100)

@@ -19,6 +19,8 @@ BENCHMARKS = {
     "report": "bench.report",
     "costs": "bench.costs",
     "running": "bench.running",
+    # every benchmark above once, at sizes that take seconds (make bench-smoke, make test)
+    "smoke": "bench.smoke",
 }
 # what `python -m bench` with no name runs (the parts of "all" are not run twice)
 DEFAULT = ("fairness", "all")

@@ -56,10 +56,18 @@ def database_name(url: str) -> str:
     return urlsplit(url).path.lstrip("/")
 
 
+# the server of shared_server(), while one is open
+_shared: tuple[str, str] | None = None
+
+
 @contextlib.contextmanager
 def bench_server() -> Iterator[tuple[str, str]]:
     """The one server of an invocation: DATABASE_URL's, or an embedded one started in a
-    temporary directory and stopped (and removed) afterwards. Yields (url, kind)."""
+    temporary directory and stopped (and removed) afterwards; inside ``shared_server``, that
+    one. Yields (url, kind)."""
+    if _shared is not None:
+        yield _shared
+        return
     if os.environ.get("DATABASE_URL"):
         yield os.environ["DATABASE_URL"], "DATABASE_URL"
         return
@@ -72,6 +80,19 @@ def bench_server() -> Iterator[tuple[str, str]]:
     finally:
         stop_embedded(tmp)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def shared_server() -> Iterator[tuple[str, str]]:
+    """One ``bench_server`` for every benchmark run in this process until it closes (the
+    smoke run runs them all in turn: one embedded server start instead of one each)."""
+    global _shared
+    with bench_server() as server:
+        _shared = server
+        try:
+            yield server
+        finally:
+            _shared = None
 
 
 def server_settings(url: str) -> dict[str, str]:

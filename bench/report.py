@@ -402,7 +402,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     doc = json.loads(path.read_text())
     print(tables(doc))
-    print(f"chart: {chart(doc, opts.chart)}")
+    try:
+        print(f"chart: {chart(doc, opts.chart)}")
+    except ImportError as exc:
+        print(f"!! no chart: {exc} (pip install -r bench/requirements.txt)")
     return 0
 
 

@@ -3,13 +3,13 @@
 The SELECT is taken verbatim from pgd_claim as the database defines it (so the test follows
 the function when it changes) and explained three ways: with literal ids (a custom
 plan), as a prepared statement forced to a generic plan (what PL/pgSQL switches to after a
-few calls), and, through auto_explain, as the plans pgd_claim itself runs.
+few calls), and, through auto_explain, as the plans pgd_claim itself runs. What the plans
+depend on (statistics, planner settings) is pinned (tests/sql/plans.py).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import re
 
 import pytest
@@ -17,46 +17,11 @@ import pytest
 from sql import db, transitions
 
 from ..variants import function_sql, variant_sql
+from .plans import analyze_all, explain, pin_planner, plan_nodes, quiet_autovacuum
 
 PROJECTS = ("web", "api", "shop", "ops", "docs")
 QUEUED_PER_PROJECT = 800
 FINISHED = 20000
-
-# What the plans checked here depend on is pinned, so that a plan follows neither the server's
-# configuration nor autovacuum's timing: the planner's settings at PostgreSQL's built-in
-# defaults in every session that plans (pin_planner), and the statistics of every table as the
-# test's own ANALYZE left them, taken from every row rather than a sample (analyze_all), with
-# autovacuum off for those tables (quiet_autovacuum) so that none re-analyzes them mid-test.
-PLANNER_SETTINGS = """
-SELECT count(set_config(name, boot_val, false)) AS n FROM pg_settings
- WHERE category LIKE 'Query Tuning%'
-    OR name IN ('work_mem', 'hash_mem_multiplier', 'max_parallel_workers_per_gather')
-"""
-PUBLIC_TABLES = "SELECT tablename AS t FROM pg_tables WHERE schemaname = 'public' ORDER BY 1"
-# ANALYZE samples 300 rows per unit of statistics target
-ROWS_PER_TARGET = 300
-
-
-def pin_planner(conn) -> None:
-    """This session's planner settings at PostgreSQL's built-in defaults."""
-    assert conn.execute(PLANNER_SETTINGS).fetchone()["n"] > 0
-
-
-def quiet_autovacuum(conn) -> None:
-    """No autovacuum (or auto-analyze) of this database's tables from now on."""
-    for r in conn.execute(PUBLIC_TABLES).fetchall():
-        conn.execute(f"ALTER TABLE {r['t']} SET (autovacuum_enabled = false)")
-
-
-def analyze_all(conn) -> None:
-    """VACUUM ANALYZE every table with a statistics target whose sample holds all its rows:
-    the statistics (and the visibility map the planner reads for index-only scans) are then
-    the same in every run, not those of whichever rows a sample picked."""
-    for r in conn.execute(PUBLIC_TABLES).fetchall():
-        rows = conn.execute(f"SELECT count(*) AS n FROM {r['t']}").fetchone()["n"]
-        conn.execute(f"SET default_statistics_target = {max(100, math.ceil(rows / ROWS_PER_TARGET))}")
-        conn.execute(f"VACUUM ANALYZE {r['t']}")
-    conn.execute("RESET default_statistics_target")
 
 
 def claim_selection_sql(conn) -> str:
@@ -72,7 +37,7 @@ def claim_selection_sql(conn) -> str:
 @pytest.fixture
 def loaded(world):
     """Several projects with thousands of queued jobs and many more finished ones, analyzed;
-    autovacuum off and the planner pinned (see PLANNER_SETTINGS)."""
+    autovacuum off and the planner pinned (tests/sql/plans.py)."""
     quiet_autovacuum(world.conn)
     pin_planner(world.conn)
     world.apply({
@@ -104,12 +69,6 @@ def loaded(world):
     return {"project_ids": ids, "pool_id": pool}
 
 
-def plan_nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from plan_nodes(child)
-
-
 def assert_uses_claim_index(plan: dict) -> None:
     nodes = list(plan_nodes(plan))
     on_jobs = [n for n in nodes if n.get("Relation Name") == "jobs"]
@@ -119,10 +78,6 @@ def assert_uses_claim_index(plan: dict) -> None:
         assert n["Index Name"] == "jobs_claim_idx", json.dumps(plan, indent=1)
     # the index yields (priority DESC, id) order, so LIMIT 1 stops at the first unlocked row
     assert not any(n["Node Type"] in ("Sort", "Incremental Sort") for n in nodes), json.dumps(plan, indent=1)
-
-
-def explain(conn, statement: str, params=()) -> dict:
-    return conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()["QUERY PLAN"][0]["Plan"]
 
 
 def test_claim_selection_with_literal_ids_uses_the_claim_index(conn, loaded):
@@ -261,7 +216,7 @@ def test_the_stripe_probe_check_fails_for_a_plain_exists(db_url, world, loaded):
     """The check can fail: with plain EXISTS probes (no LIMIT 1 OFFSET 0) the candidate read
     scans every organization stripe with room and merges them with the organizations, in
     every claim's plan (the custom ones and the generic one PL/pgSQL caches after five); the
-    statistics and settings it is planned with are pinned (see PLANNER_SETTINGS)."""
+    statistics and settings it is planned with are pinned (tests/sql/plans.py)."""
     world.apply({"organizations": [{"name": "acme", "max_running": 100000}],
                  "pools": [{"name": "linux", "slots": 100000}]})
     many_owners(world.conn)

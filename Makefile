@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-long lint bench clean
+.PHONY: demo test test-long lint bench bench-smoke clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,14 @@ bench: $(STAMP)
 	$(BIN)/python -m bench all
 	@case "$$BENCH_QUICK" in 1|true|yes|on) echo "BENCH_QUICK: fairness skipped";; \
 	  *) $(BIN)/python -m bench fairness;; esac
+
+# Every benchmark once at sizes that take seconds, on one embedded server (bench/smoke.py): a
+# benchmark that no longer runs fails it. `make test` runs it too (tests/bench/test_smoke.py);
+# here the peers of bench/requirements.txt are installed first, so that their series run and
+# a series that cannot run fails (--strict).
+bench-smoke: $(STAMP)
+	$(BIN)/pip install --quiet -r bench/requirements.txt
+	$(BIN)/python -m bench smoke --strict
 
 clean:
 	rm -rf $(VENV) .pgdispatch

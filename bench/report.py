@@ -33,10 +33,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import importlib.metadata
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -45,8 +43,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
+from . import ceiling, claim, latency, peers
+from .common import (RESULTS_DIR, ROOT, Bench, bench_server, git_commit, machine, make_template,
+                     pgbench_version, server_settings, version)
+
 CHART = ROOT / "docs" / "benchmarks.png"
 # "prototype" (bench/prototypes.py, retired with migration 0008): only in saved results, which
 # `python -m bench report` can still print and draw (here and in chart's styles)
@@ -60,8 +60,6 @@ QUICK = {"clients": "1,4", "repeats": 1, "jobs": 1000, "tpcb_seconds": 3.0,
 
 def all_series() -> dict[str, Any]:
     """Every throughput series by name, pgdispatch's first, then the peers, the ceilings."""
-    from . import ceiling, claim, peers
-
     return {**claim.SERIES, **peers.SERIES, **ceiling.SERIES}
 
 
@@ -132,42 +130,15 @@ def parse(argv: Sequence[str], *, prog: str, only: Sequence[str] | None,
 # --- environment --------------------------------------------------------------------------------
 
 
-def _version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _git_commit() -> str | None:
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def versions() -> dict[str, str | None]:
     """pgdispatch (git commit), the peers, the drivers, pgbench and the plotting library."""
-    from . import ceiling, peers
-
-    out = {"pgdispatch": _git_commit(), **peers.versions(), "psycopg": _version("psycopg"),
-           "matplotlib": _version("matplotlib")}
+    out = {"pgdispatch": git_commit(), **peers.versions(), "psycopg": version("psycopg"),
+           "matplotlib": version("matplotlib")}
     try:
-        out["pgbench"] = ceiling.pgbench_version()
+        out["pgbench"] = pgbench_version()
     except (OSError, subprocess.CalledProcessError) as exc:
         out["pgbench"] = f"unavailable: {exc}"
     return out
-
-
-def machine() -> dict[str, Any]:
-    """What the figures were measured on."""
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
-    return {"platform": platform.platform(), "python": platform.python_version(),
-            "cpus": os.cpu_count(), "loadavg_at_start": load}
 
 
 # --- running ------------------------------------------------------------------------------------
@@ -184,9 +155,6 @@ def run_cli(argv: Sequence[str], *, prog: str, only: Sequence[str] | None, laten
 
 def run(opts: argparse.Namespace, *, command: Sequence[str]) -> dict[str, Any]:
     """Run everything ``opts`` asks for on one server; returns the results document."""
-    from . import latency
-    from .claim import Bench, bench_server, make_template, server_settings
-
     known = all_series()
     vers = versions()
     series, unavailable = [], {}
@@ -434,13 +402,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     doc = json.loads(path.read_text())
     print(tables(doc))
-    print(f"chart: {chart(doc, opts.chart)}")
+    try:
+        print(f"chart: {chart(doc, opts.chart)}")
+    except ImportError as exc:
+        print(f"!! no chart: {exc} (pip install -r bench/requirements.txt)")
     return 0
 
 
 def main_all(argv: Sequence[str] | None = None) -> int:
     """``python -m bench all``: every series, alternated, then latency and the report."""
     return run_cli(list(argv or []), prog="python -m bench all", only=None, latency=True)
+
+
+def main_claim(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench claim``: the pgdispatch series alone (bench/claim.py)."""
+    return run_cli(list(argv or []), prog="python -m bench claim", only=list(claim.SERIES),
+                   latency=False)
+
+
+def main_peers(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench peers``: the peers alone (bench/peers.py)."""
+    return run_cli(list(argv or []), prog="python -m bench peers", only=list(peers.SERIES),
+                   latency=False)
+
+
+def main_ceiling(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench ceiling``: the ceilings alone (bench/ceiling.py)."""
+    return run_cli(list(argv or []), prog="python -m bench ceiling", only=list(ceiling.SERIES),
+                   latency=False)
+
+
+def main_latency(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench latency``: the latency figures alone (bench/latency.py)."""
+    return run_cli(list(argv or []), prog="python -m bench latency", only=[], latency=True)
 
 
 if __name__ == "__main__":

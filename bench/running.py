@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import math
 import os
 import statistics
 import time
@@ -36,17 +35,10 @@ from typing import Any
 
 from sql import db, transitions
 
-from .claim import (POOL, bench_server, drop_database, limits, make_template, prepare,
-                    scratch_database, with_database)
+from .common import (POOL, RESULTS_DIR, bench_server, limits, percentile, prepare, scratch_database,
+                     template_database)
 
-RESULTS = Path(__file__).resolve().parent / "results"
 BATCH = 500
-
-
-def percentile(values: Sequence[float], p: float) -> float:
-    """The nearest-rank ``p``-th percentile of ``values`` (non-empty)."""
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
 
 def measure(server_url: str, template: str, *, running: int, claims: int) -> dict[str, Any]:
@@ -115,17 +107,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.claims < 1:
         parser.error("--claims must be at least 1")
     created = dt.datetime.now(dt.timezone.utc)
-    with bench_server() as (server_url, kind):
-        template = make_template(server_url)
-        try:
-            rows = []
-            for n in args.running:
-                rows.append(measure(server_url, template, running=n, claims=args.claims))
-                print(f"running {n:,}: claim p50 {rows[-1]['p50_ms']:.2f} ms", flush=True)
-        finally:
-            drop_database(server_url, with_database(server_url, template))
+    with bench_server() as (server_url, kind), template_database(server_url) as template:
+        rows = []
+        for n in args.running:
+            rows.append(measure(server_url, template, running=n, claims=args.claims))
+            print(f"running {n:,}: claim p50 {rows[-1]['p50_ms']:.2f} ms", flush=True)
     print(table(rows))
-    out = args.out or RESULTS / f"running-{created.strftime('%Y%m%dT%H%M%SZ')}.json"
+    out = args.out or RESULTS_DIR / f"running-{created.strftime('%Y%m%dT%H%M%SZ')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"created_at": created.isoformat(timespec="seconds"),
                                "command": ["python -m bench running", *(argv or [])],

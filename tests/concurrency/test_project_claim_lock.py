@@ -17,8 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from bench import fairness as bench_fairness
 from sql import db
+
+from ..variants import variant_sql
 
 LOCK_TIMEOUT = "400ms"
 
@@ -75,7 +76,7 @@ def test_claims_of_a_project_without_a_bound_do_not_wait_for_each_other(web):
 
 
 def test_the_side_by_side_check_fails_for_an_exclusive_claim_lock(world, web):
-    world.conn.execute(bench_fairness.variant_sql("pgd_claim", [
+    world.conn.execute(variant_sql(world.conn, "pgd_claim", [
         ("PERFORM pg_advisory_xact_lock_shared(", "PERFORM pg_advisory_xact_lock(")]))
     with pytest.raises(psycopg.errors.LockNotAvailable):
         claims_side_by_side(web)
@@ -124,7 +125,7 @@ def test_a_pause_waits_for_the_claims_in_flight_and_holds_off_the_next(world, we
 def test_the_pause_check_fails_for_a_claim_without_the_claim_lock(world, web):
     """Without the claim lock the pause commits as soon as the first claim has, and the
     second claim, still in flight, then commits a job of the paused project."""
-    world.conn.execute(bench_fairness.variant_sql("pgd_claim", [
+    world.conn.execute(variant_sql(world.conn, "pgd_claim", [
         ("                PERFORM pg_advisory_xact_lock(pgd_claim_lock_class(), pgd_claim_lock_key(c.project_id));\n",
          "                NULL;\n"),
         ("                PERFORM pg_advisory_xact_lock_shared(pgd_claim_lock_class(), pgd_claim_lock_key(c.project_id));\n",
@@ -171,7 +172,7 @@ def test_a_bound_set_during_claims_holds_for_the_claims_after_it(world, web):
 
 
 def test_the_bound_check_fails_for_a_claim_that_counts_under_a_shared_lock(world, web):
-    world.conn.execute(bench_fairness.variant_sql("pgd_claim", [
+    world.conn.execute(variant_sql(world.conn, "pgd_claim", [
         ("                IF NOT v_excl THEN\n", "                IF false THEN\n")]))
     got = bound_during_claims(world, web)
     assert [g is None for g in got] == [False, False]

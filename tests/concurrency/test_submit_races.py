@@ -16,6 +16,8 @@ from sql import db, transitions
 
 from ..sql.catalog import function_source
 
+from ..sql.plans import analyze_all, pin_planner, quiet_autovacuum
+
 KEY = "release-42"
 HOLD_S = 0.5  # how long the first submit stays uncommitted while the second one runs
 
@@ -95,13 +97,15 @@ def test_the_submit_lookup_reads_the_partial_index_in_a_generic_plan(world):
     generic plan PL/pgSQL settles on reads the index, not the whole jobs table."""
     world.setup()
     c = world.conn
+    quiet_autovacuum(c)
+    pin_planner(c)
     project = c.execute("SELECT id FROM projects WHERE name = 'web'").fetchone()["id"]
     pool = c.execute("SELECT id FROM pools WHERE name = 'linux'").fetchone()["id"]
     c.execute("""
         INSERT INTO jobs (project_id, pool_id, state, command, idempotency_key)
         SELECT %s, %s, 'queued', ARRAY['true'], CASE WHEN g %% 10 = 0 THEN 'k' || g END
           FROM generate_series(1, 20000) g""", (project, pool))
-    c.execute("ANALYZE jobs")
+    analyze_all(c)  # statistics and planner settings pinned: tests/sql/plans.py
     c.execute("SET plan_cache_mode = force_generic_plan")
     c.execute("PREPARE by_key(bigint, text) AS "
               "SELECT id FROM jobs WHERE project_id = $1 AND idempotency_key = $2")

@@ -1,7 +1,7 @@
 """Fairness checks: run a workload through the real claim and say whether it was fair.
 
-The workloads and the simulated runner live in ``bench/fairness.py`` (the benchmark runs the
-same ones): jobs are claimed through ``sql.transitions.claim`` and completed through
+The workloads and the simulated runner live in ``workload.py`` (``bench/fairness.py`` runs the
+same ones at benchmark sizes): jobs are claimed through ``sql.transitions.claim`` and completed through
 ``sql.transitions.complete`` on real connections to this test's database. Each ``check_*``
 raises AssertionError with the figures when the run was unfair; each is shown, in a test, to
 fail against a deliberately unfair claim installed in the test's database.
@@ -13,7 +13,7 @@ import random
 import statistics
 from typing import Any
 
-from bench import fairness as bench
+from .workload import ProjectSpec, Trace, drive, setup, weighted
 
 # Test 1: one project with 10,000 jobs queued first, one with 10 after, a pool of 4 slots.
 BIG_JOBS = 10000
@@ -31,31 +31,31 @@ RATIO_TOLERANCE = 0.5  # the mean running ratio (and the completed ratio) must b
 
 
 def run_asymmetric(conn, *, small_priority: int = 0, big_priority: int = 0,
-                   big_jobs: int = BIG_JOBS, cap: int = ASYMMETRIC_CAP) -> bench.Trace:
+                   big_jobs: int = BIG_JOBS, cap: int = ASYMMETRIC_CAP) -> Trace:
     """Queue ``big_jobs`` for project ``big`` first (bulk insert), then ``SMALL_JOBS`` for
     ``small`` through ``sql.transitions.submit``; claim on a pool of 4 slots, completing the
     oldest running job before each claim once full, until every small job has started or
     ``cap`` claims have been made."""
     from sql import transitions
 
-    world = bench.setup(conn, [bench.ProjectSpec("big", big_jobs, priority=big_priority),
-                               bench.ProjectSpec("small", 0)],
+    world = setup(conn, [ProjectSpec("big", big_jobs, priority=big_priority),
+                               ProjectSpec("small", 0)],
                         slots=ASYMMETRIC_SLOTS, bulk_insert=True)
     with conn.transaction():
         for i in range(SMALL_JOBS):
             transitions.submit(conn, project="small", pool="linux", command=["true", str(i)],
                                priority=small_priority)
 
-    def small_all_started(trace: bench.Trace) -> bool:
+    def small_all_started(trace: Trace) -> bool:
         return trace.steps[-1].project == "small" and trace.wait_for("small", SMALL_JOBS) is not None
 
-    return bench.drive(conn, runner_id=world["runner_id"], pool_ids=world["pool_ids"],
+    return drive(conn, runner_id=world["runner_id"], pool_ids=world["pool_ids"],
                        slots=ASYMMETRIC_SLOTS, claims=cap, duration=lambda: 1.0,
                        names=world["names"], weights={"big": 1, "small": 1},
                        queued={"big": big_jobs, "small": SMALL_JOBS}, until=small_all_started)
 
 
-def check_small_project_starts_within(trace: bench.Trace, bound: int = SMALL_BOUND) -> int:
+def check_small_project_starts_within(trace: Trace, bound: int = SMALL_BOUND) -> int:
     """Every small-project job started within ``bound`` claims; returns the claims it took."""
     numbers = trace.claim_numbers("small")
     assert len(numbers) == SMALL_JOBS and numbers[-1] <= bound, (
@@ -68,10 +68,10 @@ def run_weighted(conn, *, claims: int, seed: int = 7, warmup: int = 100) -> dict
     """Projects ``heavy`` (weight 3) and ``light`` (weight 1) with backlogs larger than the
     run, on 8 slots, jobs running uniform [1, 10) virtual time units (seeded); ``claims``
     claims. Returns the trace and its figures after ``warmup`` claims."""
-    workload = bench.weighted(jobs_each=claims + 50, slots=WEIGHTED_SLOTS)
-    world = bench.setup(conn, workload.projects, slots=workload.slots, interleave=True, bulk_insert=True)
+    workload = weighted(jobs_each=claims + 50, slots=WEIGHTED_SLOTS)
+    world = setup(conn, workload.projects, slots=workload.slots, interleave=True, bulk_insert=True)
     rng = random.Random(seed)
-    trace = bench.drive(conn, runner_id=world["runner_id"], pool_ids=world["pool_ids"],
+    trace = drive(conn, runner_id=world["runner_id"], pool_ids=world["pool_ids"],
                         slots=workload.slots, claims=claims, duration=lambda: rng.uniform(1.0, 10.0),
                         names=world["names"], weights={"heavy": 3, "light": 1},
                         queued={"heavy": claims + 50, "light": claims + 50})

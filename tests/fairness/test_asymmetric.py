@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench import fairness as bench
 
 from .checks import ASYMMETRIC_CAP, SMALL_BOUND, SMALL_JOBS, check_small_project_starts_within, run_asymmetric
+from .workload import install_global_order
 
 
 def test_ten_jobs_submitted_after_ten_thousand_all_start_within_the_bound(conn):
@@ -29,7 +29,7 @@ def test_a_global_fifo_claim_fails_the_bound(conn):
     """The check can fail: pgd_claim's candidates ordered by the head job's (priority, id)
     across projects — a plain global FIFO — keeps the small project waiting behind all
     10,000 (none of its jobs starts in 100 claims)."""
-    bench.install_global_order(conn)
+    install_global_order(conn)
     trace = run_asymmetric(conn)
     assert len(trace.steps) == ASYMMETRIC_CAP
     assert trace.claim_numbers("small") == []
@@ -40,6 +40,6 @@ def test_a_global_fifo_claim_fails_the_bound(conn):
 def test_the_global_fifo_does_start_the_small_project_after_the_big_one(conn):
     """…and it is the order, not a broken claim, that makes it wait: with 100 big jobs ahead,
     the small project's jobs start at claims 101-110."""
-    bench.install_global_order(conn)
+    install_global_order(conn)
     trace = run_asymmetric(conn, big_jobs=100, cap=150)
     assert trace.claim_numbers("small") == list(range(101, 101 + SMALL_JOBS))

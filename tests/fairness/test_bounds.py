@@ -8,15 +8,15 @@ import random
 
 import pytest
 
-from bench import fairness as bench
-
 from ..concurrency.harness import Watcher, max_overlaps
+from ..variants import variant_sql
+from .workload import ProjectSpec, Trace, drive, drive_concurrent, setup
 
 BOUND = 2
 SLOTS = 8
 # weight 5 would give "bounded" 5/6 of the pool without its bound
-PROJECTS = (bench.ProjectSpec("bounded", 2000, weight=5, max_running=BOUND),
-            bench.ProjectSpec("open", 2000, weight=1))
+PROJECTS = (ProjectSpec("bounded", 2000, weight=5, max_running=BOUND),
+            ProjectSpec("open", 2000, weight=1))
 
 # pgd_claim with the project bound left out of the candidate read and of the reservation
 IGNORE_BOUND = {
@@ -28,19 +28,19 @@ IGNORE_BOUND = {
 
 def install_ignore_bound(conn) -> None:
     for name, replace in IGNORE_BOUND.items():
-        conn.execute(bench.variant_sql(name, replace))
+        conn.execute(variant_sql(conn, name, replace))
 
 
-def run_serial(conn, claims: int = 200) -> bench.Trace:
-    world = bench.setup(conn, PROJECTS, slots=SLOTS, interleave=True, bulk_insert=True)
+def run_serial(conn, claims: int = 200) -> Trace:
+    world = setup(conn, PROJECTS, slots=SLOTS, interleave=True, bulk_insert=True)
     rng = random.Random(5)
-    return bench.drive(conn, runner_id=world["runner_id"], pool_ids=world["pool_ids"], slots=SLOTS,
+    return drive(conn, runner_id=world["runner_id"], pool_ids=world["pool_ids"], slots=SLOTS,
                        claims=claims, duration=lambda: rng.uniform(1.0, 10.0), names=world["names"],
                        weights={p.name: p.weight for p in PROJECTS},
                        queued={p.name: p.jobs for p in PROJECTS})
 
 
-def check_bound(conn, trace: bench.Trace) -> None:
+def check_bound(conn, trace: Trace) -> None:
     """After every claim the bounded project ran at most BOUND (its counter, read back) and
     the pool was full (the open project took the rest); and by the sweep of the attempts'
     [claimed_at, finished_at) intervals no more than BOUND of its attempts ever overlapped."""
@@ -73,9 +73,9 @@ def test_the_bound_holds_with_concurrent_claimers(conn, db_url):
     """12 claim loops on their own connections for 1.5 s after 0.5 s of warm-up, a Watcher
     sampling every counter against its limit: the bounded project never exceeds 2 (counters
     and interval sweep) and the open project runs the rest (mean over samples ≥ 3 of its 6)."""
-    world = bench.setup(conn, PROJECTS, slots=SLOTS, interleave=True, bulk_insert=True)
+    world = setup(conn, PROJECTS, slots=SLOTS, interleave=True, bulk_insert=True)
     with Watcher(db_url) as watcher:
-        report = bench.drive_concurrent(db_url, runner_id=world["runner_id"], pool_ids=world["pool_ids"],
+        report = drive_concurrent(db_url, runner_id=world["runner_id"], pool_ids=world["pool_ids"],
                                         names=world["names"], loops=12, seconds=2.0, warmup_seconds=0.5,
                                         hold_seconds=(0.02, 0.06))
     assert not report.errors, report.errors

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench import fairness as bench
 from sql import transitions
 
 from .checks import SMALL_BOUND, check_small_project_starts_within, run_asymmetric
+from .workload import ProjectSpec, install_global_order, setup
 
 
 def _claim(conn, world):
@@ -21,7 +21,7 @@ def test_a_later_higher_priority_job_goes_first_inside_its_project(conn):
     priority-0 job. web's first claim is the later priority-10 job, then its older jobs in
     submission order; api still gets its turn within the first two claims (which of two
     idle projects goes first is the round robin's tie-break, not priority)."""
-    world = bench.setup(conn, [bench.ProjectSpec("web", 0), bench.ProjectSpec("api", 0)], slots=20)
+    world = setup(conn, [ProjectSpec("web", 0), ProjectSpec("api", 0)], slots=20)
     old = [transitions.submit(conn, project="web", pool="linux", command=["true", str(i)])["id"]
            for i in range(5)]
     api = transitions.submit(conn, project="api", pool="linux", command=["true"])["id"]
@@ -37,7 +37,7 @@ def test_a_later_higher_priority_job_goes_first_inside_its_project(conn):
 def test_a_handed_back_job_does_not_jump_a_higher_priority_one(conn):
     """A lower-priority job that was claimed first and handed back does not jump ahead of a
     higher-priority one queued meanwhile: the order is (priority, id), not claim history."""
-    world = bench.setup(conn, [bench.ProjectSpec("web", 0)], slots=1)
+    world = setup(conn, [ProjectSpec("web", 0)], slots=1)
     low = transitions.submit(conn, project="web", pool="linux", command=["true", "low"])["id"]
     first = _claim(conn, world)
     assert first.job_id == low
@@ -58,7 +58,7 @@ def test_a_project_full_of_high_priority_jobs_does_not_starve_another(conn):
 def test_a_global_priority_claim_starves_the_low_priority_project(conn):
     """The check can fail: with one global priority order across projects, small's
     priority -1000 jobs wait behind every priority-1000 job (none starts in 100 claims)."""
-    bench.install_global_order(conn)
+    install_global_order(conn)
     trace = run_asymmetric(conn, big_priority=1000, small_priority=-1000)
     assert trace.claim_numbers("small") == []
     with pytest.raises(AssertionError, match="did not all start"):
@@ -69,6 +69,6 @@ def test_under_a_global_priority_order_a_later_urgent_job_overtakes_a_backlog(co
     """(Why the check above uses priorities: a global priority order is not FIFO. Here the
     same variant lets small's priority-1000 jobs, submitted after 10,000 priority-0 jobs,
     start first — so it is priority across projects, not age, that starves.)"""
-    bench.install_global_order(conn)
+    install_global_order(conn)
     trace = run_asymmetric(conn, small_priority=1000)
     assert trace.claim_numbers("small") == list(range(1, 11))

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from bench import fairness as bench
 from sql import db, transitions
 
 from .checks import WEIGHTED_SLOTS, check_three_to_one, run_weighted
+from .workload import drive_concurrent, install_global_order, install_single_read, setup, weighted
 
 
 def test_running_share_converges_to_three_to_one(conn):
@@ -26,7 +26,7 @@ def test_running_share_converges_to_three_to_one(conn):
 
 def test_a_global_fifo_claim_fails_the_three_to_one_check(conn):
     """The check can fail: a global FIFO across the interleaved backlogs runs them ~1:1."""
-    bench.install_global_order(conn)
+    install_global_order(conn)
     figures = run_weighted(conn, claims=200)
     assert abs(figures["running_ratio"] - 1.0) < 0.5, figures["running_ratio"]
     with pytest.raises(AssertionError, match="is not 3.0"):
@@ -37,10 +37,10 @@ def run_threads(conn, db_url, *, seconds: float = 3.0, pool_slots: int = WEIGHTE
     """12 claim loops on their own connections for a pool of 8 slots (or ``pool_slots``; the
     runner keeps 8), each claim -> sleep 40-120 ms -> complete; a sampler reads the running
     counters every 4 ms. 1 s warm-up."""
-    workload = bench.weighted(jobs_each=3000, slots=WEIGHTED_SLOTS)
-    world = bench.setup(conn, workload.projects, slots=workload.slots, interleave=True, bulk_insert=True)
+    workload = weighted(jobs_each=3000, slots=WEIGHTED_SLOTS)
+    world = setup(conn, workload.projects, slots=workload.slots, interleave=True, bulk_insert=True)
     conn.execute("UPDATE pools SET slots = %s", (pool_slots,))
-    report = bench.drive_concurrent(db_url, runner_id=world["runner_id"], pool_ids=world["pool_ids"],
+    report = drive_concurrent(db_url, runner_id=world["runner_id"], pool_ids=world["pool_ids"],
                                     names=world["names"], loops=12, seconds=seconds + 1.0,
                                     warmup_seconds=1.0, hold_seconds=(0.04, 0.12), seed=3)
     assert not report.errors, report.errors
@@ -64,7 +64,7 @@ def test_running_share_converges_to_three_to_one_with_concurrent_claimers(conn, 
 
 def test_concurrent_global_fifo_fails_the_three_to_one_check(conn, db_url):
     """The same threaded check fails for a global FIFO claim."""
-    bench.install_global_order(conn)
+    install_global_order(conn)
     figures = run_threads(conn, db_url, seconds=1.5)
     with pytest.raises(AssertionError, match="is not 3.0"):
         check_three_to_one(figures)
@@ -99,7 +99,7 @@ def _claim_behind_an_open_claim(conn, db_url, *, pool_slots: int = 8) -> tuple[s
     ``pool_slots`` 100 it is not (migration 0008), and B claims while A is still open (its
     claim lock is shared, and it takes its slots from stripes A does not hold). Returns the
     projects A and B got."""
-    world = bench.setup(conn, bench.weighted(jobs_each=20).projects, slots=8, interleave=True,
+    world = setup(conn, weighted(jobs_each=20).projects, slots=8, interleave=True,
                         bulk_insert=True)
     conn.execute("UPDATE pools SET slots = %s", (pool_slots,))
     pools, runner = world["pool_ids"], world["runner_id"]
@@ -166,5 +166,5 @@ def test_a_claim_queued_behind_another_chooses_with_its_count(conn, db_url):
 def test_a_claim_choosing_from_its_first_read_piles_onto_the_same_project(conn, db_url):
     """The check can fail: pgd_claim as it was before (project chosen from the one lock-free
     read) gives B light too — light 2 running beside heavy 2, against weights 3:1."""
-    bench.install_single_read(conn)
+    install_single_read(conn)
     assert _claim_behind_an_open_claim(conn, db_url) == ("light", "light")

@@ -91,7 +91,13 @@ def test_a_racing_submit_with_a_different_request_is_refused_after_the_first_com
                                               idempotency_key=KEY)
             racer = threading.Thread(target=second)
             racer.start()
-            time.sleep(0.5)
+            # the second submit is waiting for this one's key (its row lock), not just started
+            deadline = time.monotonic() + 30
+            while "done" not in got and time.monotonic() < deadline and not world.conn.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE application_name = 'racer-submit'"
+                    " AND wait_event_type = 'Lock'").fetchone():
+                time.sleep(0.01)
+            assert "done" not in got, "the second submit did not wait for the first"
             got["committed"] = time.monotonic()
         racer.join(timeout=30)
     assert not racer.is_alive()

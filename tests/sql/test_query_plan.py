@@ -1,9 +1,10 @@
 """The claim's job selection is served by jobs_claim_idx, not a scan of the jobs table.
 
-The SELECT is taken verbatim from pgd_claim in migrations/0002_transitions.sql (so the test
-follows the function when it changes) and explained three ways: with literal ids (a custom
+The SELECT is taken verbatim from pgd_claim as the database defines it (so the test follows
+the function when it changes) and explained three ways: with literal ids (a custom
 plan), as a prepared statement forced to a generic plan (what PL/pgSQL switches to after a
-few calls), and, through auto_explain, as the plans pgd_claim itself runs.
+few calls), and, through auto_explain, as the plans pgd_claim itself runs. What the plans
+depend on (statistics, planner settings) is pinned (tests/sql/plans.py).
 """
 
 from __future__ import annotations
@@ -13,20 +14,21 @@ import re
 
 import pytest
 
-from bench import fairness
-from sql import db, migrate, transitions
+from sql import db, transitions
+
+from ..variants import function_sql, variant_sql
+from .plans import analyze_all, explain, pin_planner, plan_nodes, quiet_autovacuum
 
 PROJECTS = ("web", "api", "shop", "ops", "docs")
 QUEUED_PER_PROJECT = 800
 FINISHED = 20000
 
 
-def claim_selection_sql() -> str:
-    """pgd_claim's job-selection statement, with ``INTO v_job`` removed and the candidate's
-    ids left as ``c.project_id`` / ``c.pool_id`` for the caller to bind."""
-    text = (migrate.MIGRATIONS_DIR / "0002_transitions.sql").read_text()
-    body = text[text.index("CREATE FUNCTION pgd_claim("):]
-    body = body[:body.index("$$;")]
+def claim_selection_sql(conn) -> str:
+    """pgd_claim's job-selection statement, as the database defines it, with ``INTO v_job``
+    removed and the candidate's ids left as ``c.project_id`` / ``c.pool_id`` for the caller
+    to bind."""
+    body = function_sql(conn, "pgd_claim")
     match = re.search(r"SELECT j\.\* INTO v_job\s+FROM jobs j.*?SKIP LOCKED", body, re.S)
     assert match, "pgd_claim's job selection not found: update this test with the function"
     return match.group(0).replace(" INTO v_job", "")
@@ -34,7 +36,10 @@ def claim_selection_sql() -> str:
 
 @pytest.fixture
 def loaded(world):
-    """Several projects with thousands of queued jobs and many more finished ones, analyzed."""
+    """Several projects with thousands of queued jobs and many more finished ones, analyzed;
+    autovacuum off and the planner pinned (tests/sql/plans.py)."""
+    quiet_autovacuum(world.conn)
+    pin_planner(world.conn)
     world.apply({
         "organizations": [{"name": "acme", "max_running": 1000}],
         "pools": [{"name": "linux", "slots": 1000}, {"name": "mac", "slots": 1000}],
@@ -55,19 +60,13 @@ def loaded(world):
           FROM (SELECT id, row_number() OVER (ORDER BY id) - 1 AS n FROM projects) p,
                pools q, generate_series(1, %s) g
          WHERE q.name = 'linux' AND g %% %s = p.n""", (FINISHED, len(PROJECTS)))
-    c.execute("ANALYZE")
+    analyze_all(c)
     ids = {r["name"]: r["id"] for r in c.execute("SELECT id, name FROM projects")}
     pool = c.execute("SELECT id FROM pools WHERE name = 'linux'").fetchone()["id"]
     counts = c.execute("SELECT state, count(*) AS n FROM jobs GROUP BY 1 ORDER BY 1").fetchall()
     assert counts == [{"state": "queued", "n": QUEUED_PER_PROJECT * len(PROJECTS)},
                       {"state": "succeeded", "n": FINISHED}]
     return {"project_ids": ids, "pool_id": pool}
-
-
-def plan_nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from plan_nodes(child)
 
 
 def assert_uses_claim_index(plan: dict) -> None:
@@ -81,19 +80,15 @@ def assert_uses_claim_index(plan: dict) -> None:
     assert not any(n["Node Type"] in ("Sort", "Incremental Sort") for n in nodes), json.dumps(plan, indent=1)
 
 
-def explain(conn, statement: str, params=()) -> dict:
-    return conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()["QUERY PLAN"][0]["Plan"]
-
-
 def test_claim_selection_with_literal_ids_uses_the_claim_index(conn, loaded):
-    sql = claim_selection_sql()
+    sql = claim_selection_sql(conn)
     for project_id in loaded["project_ids"].values():
         statement = sql.replace("c.project_id", str(project_id)).replace("c.pool_id", str(loaded["pool_id"]))
         assert_uses_claim_index(explain(conn, statement))
 
 
 def test_claim_selection_as_a_generic_plan_uses_the_claim_index(conn, loaded):
-    statement = claim_selection_sql().replace("c.project_id", "$1").replace("c.pool_id", "$2")
+    statement = claim_selection_sql(conn).replace("c.project_id", "$1").replace("c.pool_id", "$2")
     conn.execute(f"PREPARE pick(bigint, bigint) AS {statement}")
     conn.execute("SET plan_cache_mode = force_generic_plan")
     project_id = loaded["project_ids"]["web"]
@@ -109,14 +104,14 @@ def test_pgd_claim_runs_its_selections_on_the_claim_index(db_url, world, loaded)
     assert len(selections) == 8, [p["Query Text"][:60] for p in plans]
     for p in selections:
         assert_uses_claim_index(p["Plan"])
-    # the candidate query (inlined into pgd_claim's statement since migrations/0004) and its
-    # EXISTS probe must not scan the jobs table either
+    # the candidate query (pgd_claim_candidates, a SQL function inlined into pgd_claim's
+    # statement) and its EXISTS probe must not scan the jobs table either
     candidates = [p for p in plans if "pgd_claim_candidates(" in p["Query Text"]]
     assert candidates
     for p in candidates:
         # a probe of the claim index per (project, pool), never a scan or a bitmap over the
-        # project's whole history (migrations/0004: OFFSET 0 in the EXISTS); and the
-        # project's running jobs counted on the index of running jobs (migrations/0011)
+        # project's whole history (OFFSET 0 in the EXISTS); and the project's running jobs
+        # counted on the index of running jobs
         scans = [n for n in plan_nodes(p["Plan"]) if n.get("Relation Name") == "jobs"]
         assert scans and all(n["Node Type"] in ("Index Scan", "Index Only Scan")
                              and n["Index Name"] in ("jobs_claim_idx", "jobs_active_idx")
@@ -129,7 +124,7 @@ def test_the_check_fails_without_the_claim_index(conn, loaded):
     the jobs table or another index, and a sort), and the check says so."""
     conn.execute("DROP INDEX jobs_claim_idx")
     conn.execute("ANALYZE jobs")
-    statement = (claim_selection_sql().replace("c.project_id", str(loaded["project_ids"]["web"]))
+    statement = (claim_selection_sql(conn).replace("c.project_id", str(loaded["project_ids"]["web"]))
                  .replace("c.pool_id", str(loaded["pool_id"])))
     with pytest.raises(AssertionError):
         assert_uses_claim_index(explain(conn, statement))
@@ -147,6 +142,7 @@ def claim_plans(db_url, runner: int, pool_id: int, *, claims: int = 8, complete:
 
     with db.connect(db_url) as conn:
         conn.add_notice_handler(on_notice)
+        pin_planner(conn)
         conn.execute("LOAD 'auto_explain'")
         for setting, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
                                ("log_format", "json"), ("log_level", "notice")):
@@ -169,8 +165,9 @@ def candidate_plans(db_url, runner: int, pool_id: int) -> list[dict]:
 
 def many_owners(conn, n: int = 12500) -> None:
     """``n`` more organizations and ``n`` more pools, each with its 8 stripes of one slot
-    (written directly: the trigger's split, run per row, is not what is measured), analyzed:
-    100,000 stripes with room of each kind."""
+    (written directly: the trigger's split, run per row, is not what is measured): 100,000
+    stripes with room of each kind; then every table analyzed again (``analyze_all``), so
+    that the plans see 12,500 organizations and pools, not the few of the last analysis."""
     for table in ("organizations", "pools"):
         conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER pgd_sync_stripes")
     conn.execute("INSERT INTO organizations (name, max_running) SELECT 'org' || g, 8 FROM generate_series(1, %s) g",
@@ -184,7 +181,7 @@ def many_owners(conn, n: int = 12500) -> None:
         SELECT 'pool', q.id, g, 1 FROM pools q, generate_series(1, 8) g WHERE q.name LIKE 'pool%%'""")
     for table in ("organizations", "pools"):
         conn.execute(f"ALTER TABLE {table} ENABLE TRIGGER pgd_sync_stripes")
-    conn.execute("ANALYZE capacity_stripes")
+    analyze_all(conn)
 
 
 def assert_probes_stripes(plan: dict) -> None:
@@ -200,10 +197,11 @@ def assert_probes_stripes(plan: dict) -> None:
 
 def test_the_candidate_read_probes_stripes(db_url, world, loaded):
     """With 100,000 stripes with room of each kind analyzed, the candidate read probes the
-    stripes of the candidate's organization and of its pool once per candidate (migration
-    0014: LIMIT 1 OFFSET 0 in each EXISTS, as the job probe and 0008's slot probes). Written
-    as a plain EXISTS, the planner makes the pool's a semi-join over every pool stripe (0008:
-    with slot rows that was 11 ms a claim instead of 0.9, bench latency)."""
+    stripes of the candidate's organization and of its pool once per candidate (LIMIT 1
+    OFFSET 0 in each EXISTS of pgd_claim_candidates, as in its job probe). Written as a plain
+    EXISTS, the planner may make one a semi-join over every stripe of its kind (the test
+    below; with the slot rows that came before the stripes that was 11 ms a claim instead of
+    0.9, bench latency)."""
     world.apply({"organizations": [{"name": "acme", "max_running": 100000}],
                  "pools": [{"name": "linux", "slots": 100000}]})
     many_owners(world.conn)
@@ -215,16 +213,19 @@ def test_the_candidate_read_probes_stripes(db_url, world, loaded):
 
 
 def test_the_stripe_probe_check_fails_for_a_plain_exists(db_url, world, loaded):
-    """The check can fail: the candidate read with plain EXISTS probes (no LIMIT 1 OFFSET 0)."""
+    """The check can fail: with plain EXISTS probes (no LIMIT 1 OFFSET 0) the candidate read
+    scans every organization stripe with room and merges them with the organizations, in
+    every claim's plan (the custom ones and the generic one PL/pgSQL caches after five); the
+    statistics and settings it is planned with are pinned (tests/sql/plans.py)."""
     world.apply({"organizations": [{"name": "acme", "max_running": 100000}],
                  "pools": [{"name": "linux", "slots": 100000}]})
     many_owners(world.conn)
-    world.conn.execute(fairness.variant_sql("pgd_claim_candidates", [
+    world.conn.execute(variant_sql(world.conn, "pgd_claim_candidates", [
         ("AND s.held < s.cap\n                              LIMIT 1 OFFSET 0)", "AND s.held < s.cap)"),
         ("AND s.held < s.cap\n                    LIMIT 1 OFFSET 0)", "AND s.held < s.cap)")]))
     runner = world.runner(pools=("linux",), slots=100)
     candidates = candidate_plans(db_url, runner, loaded["pool_id"])
     assert candidates
-    with pytest.raises(AssertionError):
-        for p in candidates:
+    for p in candidates:
+        with pytest.raises(AssertionError):
             assert_probes_stripes(p["Plan"])

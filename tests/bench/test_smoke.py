@@ -1,0 +1,54 @@
+"""The benchmarks still run against today's schema and functions: ``python -m bench smoke``
+(bench/smoke.py: every benchmark once, at sizes that take seconds) in a subprocess, as
+``make bench-smoke`` runs it, so that a change that breaks a benchmark fails the suite. And
+the tests stand on their own: none imports ``bench``."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+# series that need bench/requirements.txt (make bench-smoke installs it; make test does not)
+PEERS = {"pgqueuer", "procrastinate"}
+
+
+def test_every_benchmark_runs_at_smoke_size(tmp_path):
+    # its own embedded server: on a DATABASE_URL server the tests create only pgd_test_*
+    # databases (tests/conftest.py), and the benchmarks create pgd_bench_* ones
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    proc = subprocess.run([sys.executable, "-m", "bench", "smoke", "--keep", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    output = f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+    assert proc.returncode == 0, output
+    summary = json.loads((tmp_path / "smoke.json").read_text())
+    assert [o for o in summary["outcomes"] if "error" in o] == [], output
+    assert {o["benchmark"] for o in summary["outcomes"]} >= {"fairness", "notify", "costs",
+                                                               "running", "all", "report"}
+    # a series may be left out only for a peer that is not installed
+    unavailable = summary["unavailable"]
+    assert set(unavailable) <= PEERS, unavailable
+    assert all("cannot be imported" in why for why in unavailable.values()), unavailable
+    assert {"pgdispatch", "pgdispatch-bound", "raw-claim", "tpcb"} <= set(summary["series"])
+
+
+def bench_imports(path: Path) -> list[str]:
+    """The absolute imports of ``bench`` (or a module of it) in the Python file ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0
+                 else [])
+        found += [n for n in names if n == "bench" or n.startswith("bench.")]
+    return found
+
+
+def test_no_test_imports_bench():
+    """What tests share with the benchmarks lives in test support (tests/fairness/workload.py,
+    tests/variants.py), which bench imports; never the other way round."""
+    offenders = {str(p.relative_to(ROOT)): bench_imports(p) for p in (ROOT / "tests").rglob("*.py")}
+    assert {p: names for p, names in offenders.items() if names} == {}

@@ -3,7 +3,11 @@
 The schema is migrated once per session into a template database; each test that needs a
 database gets a fresh ``CREATE DATABASE … TEMPLATE`` copy, so tests that commit or race
 never see each other. Tests only ever create and drop databases named ``pgd_test_*``;
-the database named in DATABASE_URL itself is never written.
+the database named in DATABASE_URL itself is never written, nor its server's settings.
+
+The embedded server runs with fsync, synchronous_commit and full_page_writes off: durability
+is not what any test here checks, and no test crashes this server (the restart test,
+tests/faults/test_db_restart.py, crashes a server of its own, with the default settings).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -27,6 +32,11 @@ from .factories import World  # noqa: E402
 
 TEMPLATE = "pgd_test_template"
 _counter = itertools.count()
+
+# Off for the embedded test server only (all three take effect on a reload; PostgreSQL docs
+# 19.5.1): a commit may then be lost if the server or the machine crashes, which no test
+# here does to this server; a committed transaction is still visible to every session at once.
+NOT_DURABLE = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 
 
 def with_database(url: str, name: str) -> str:
@@ -48,8 +58,27 @@ def server_url(tmp_path_factory):
     url = server.get_uri("postgres")
     with db.connect(url) as conn:
         conn.execute("ALTER SYSTEM SET max_connections = 200")
+        for name, value in NOT_DURABLE.items():
+            conn.execute(f"ALTER SYSTEM SET {name} = {value}")
+        conn.execute("SELECT pg_reload_conf()")
+    wait_for_settings(url, NOT_DURABLE)
     yield url
     server.cleanup()
+
+
+def wait_for_settings(url: str, settings: dict[str, str], timeout_s: float = 10.0) -> None:
+    """Wait until a new session sees ``settings`` (a reload reaches the server's processes
+    asynchronously); fail after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with db.connect(url) as conn:
+            seen = {name: conn.execute("SELECT current_setting(%s) AS v", (name,)).fetchone()["v"]
+                    for name in settings}
+        if seen == settings:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the test server did not take {settings}: {seen}")
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

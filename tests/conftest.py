@@ -19,7 +19,10 @@ Mark a test ``own_database`` (a module: ``pytestmark = pytest.mark.own_database`
 depends on what only commits give, even on one connection: ``now()`` moving on (it is the
 transaction's start time, so a backoff or ``ready_at`` never passes inside one), NOTIFY
 (delivered at commit), statements refused in a transaction block (VACUUM, CREATE INDEX
-CONCURRENTLY), or ids counted from 1 (a rollback does not give sequence values back).
+CONCURRENTLY, SET TRANSACTION ISOLATION LEVEL), ids counted from 1 (a rollback does not give
+sequence values back), or a plan chosen from statistics (ANALYZE writes a table's row count
+in place, outside the transaction, and autovacuum of the shared database, woken by earlier
+tests' rolled-back rows, may overwrite it during the test).
 
 Tests only ever create and drop databases named ``pgd_test_*``; the database named in
 DATABASE_URL itself is never written, nor its server's settings. The embedded server runs

@@ -1,9 +1,34 @@
 """Test fixtures: a real PostgreSQL (embedded by default, DATABASE_URL when given).
 
-The schema is migrated once per session into a template database; each test that needs a
-database gets a fresh ``CREATE DATABASE … TEMPLATE`` copy, so tests that commit or race
-never see each other. Tests only ever create and drop databases named ``pgd_test_*``;
-the database named in DATABASE_URL itself is never written.
+The schema is migrated once per session into a template database. Where a test's ``conn``
+and ``world`` write follows one rule:
+
+* **Rolled back** (the default): ``conn`` is one connection to a database the session shares,
+  inside a transaction that is rolled back when the test ends. Nothing a test writes outlives
+  it and no database is created for it. A transition runs there as inside any caller's
+  transaction (``sql.db.transition``): once, without a transaction of its own, so a refusal
+  from the database aborts the test's transaction. A test that goes on after an expected
+  refusal gives that call a savepoint: ``with pytest.raises(FencedOut), conn.transaction():``.
+* **Own database**: a test that shares its database with another connection — it asks for
+  ``db_url`` or for a fixture built on it (``app``, ``start_scheduler``, ``proxy``,
+  ``live_server``) — or that is marked ``own_database`` gets a fresh ``CREATE DATABASE …
+  TEMPLATE`` copy, and ``conn`` is an autocommit connection to it: every transition commits,
+  as in production.
+
+Mark a test ``own_database`` (a module: ``pytestmark = pytest.mark.own_database``) when it
+depends on what only commits give, even on one connection: ``now()`` moving on (it is the
+transaction's start time, so a backoff or ``ready_at`` never passes inside one), NOTIFY
+(delivered at commit), statements refused in a transaction block (VACUUM, CREATE INDEX
+CONCURRENTLY, SET TRANSACTION ISOLATION LEVEL), ids counted from 1 (a rollback does not give
+sequence values back), or a plan chosen from statistics (ANALYZE writes a table's row count
+in place, outside the transaction, and autovacuum of the shared database, woken by earlier
+tests' rolled-back rows, may overwrite it during the test).
+
+Tests only ever create and drop databases named ``pgd_test_*``; the database named in
+DATABASE_URL itself is never written, nor its server's settings. The embedded server runs
+with fsync, synchronous_commit and full_page_writes off: durability is not what any test here
+checks, and no test crashes this server (the restart test, tests/faults/test_db_restart.py,
+crashes a server of its own, with the default settings).
 """
 
 from __future__ import annotations
@@ -11,10 +36,12 @@ from __future__ import annotations
 import itertools
 import os
 import tempfile
+import time
 import uuid
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import psycopg
 import pytest
 
 from sql.embedded import ensure_runtime_dir  # noqa: E402
@@ -27,6 +54,28 @@ from .factories import World  # noqa: E402
 
 TEMPLATE = "pgd_test_template"
 _counter = itertools.count()
+
+# Off for the embedded test server only (all three take effect on a reload; PostgreSQL docs
+# 19.5.1): a commit may then be lost if the server or the machine crashes, which no test
+# here does to this server; a committed transaction is still visible to every session at once.
+NOT_DURABLE = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+
+# Modules that other work is rewriting now: every test in them keeps a database of its own,
+# as before the rolled-back default, until they are reviewed for it.
+OWN_DATABASE_MODULES = ("tests/fairness/", "tests/sql/test_migrations.py",
+                        "tests/sql/test_query_plan.py", "tests/sql/test_slot_readers.py")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "own_database: conn and world commit into a fresh database of this test's "
+                   "own instead of a rolled-back transaction (tests/conftest.py)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(OWN_DATABASE_MODULES):
+            item.add_marker(pytest.mark.own_database)
 
 
 def with_database(url: str, name: str) -> str:
@@ -48,8 +97,27 @@ def server_url(tmp_path_factory):
     url = server.get_uri("postgres")
     with db.connect(url) as conn:
         conn.execute("ALTER SYSTEM SET max_connections = 200")
+        for name, value in NOT_DURABLE.items():
+            conn.execute(f"ALTER SYSTEM SET {name} = {value}")
+        conn.execute("SELECT pg_reload_conf()")
+    wait_for_settings(url, NOT_DURABLE)
     yield url
     server.cleanup()
+
+
+def wait_for_settings(url: str, settings: dict[str, str], timeout_s: float = 10.0) -> None:
+    """Wait until a new session sees ``settings`` (a reload reaches the server's processes
+    asynchronously); fail after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with db.connect(url) as conn:
+            seen = {name: conn.execute("SELECT current_setting(%s) AS v", (name,)).fetchone()["v"]
+                    for name in settings}
+        if seen == settings:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the test server did not take {settings}: {seen}")
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")
@@ -63,22 +131,54 @@ def template_url(server_url):
     yield url
 
 
-@pytest.fixture
-def db_url(server_url, template_url):
-    """A fresh migrated database for this test; dropped afterwards."""
-    name = f"pgd_test_{os.getpid()}_{next(_counter)}_{uuid.uuid4().hex[:6]}"
+def _copy_of_template(server_url: str, kind: str) -> str:
+    name = f"pgd_test_{os.getpid()}_{kind}{next(_counter)}_{uuid.uuid4().hex[:6]}"
     with db.connect(server_url) as conn:
         conn.execute(f"CREATE DATABASE {name} TEMPLATE {TEMPLATE} STRATEGY FILE_COPY")
-    yield with_database(server_url, name)
+    return name
+
+
+def _drop(server_url: str, name: str) -> None:
     with db.connect(server_url) as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
+@pytest.fixture(scope="session")
+def shared_url(server_url, template_url):
+    """The migrated database of the rolled-back tests; nothing is ever committed in it."""
+    name = _copy_of_template(server_url, "shared")
+    yield with_database(server_url, name)
+    _drop(server_url, name)
+
+
 @pytest.fixture
-def conn(db_url):
-    """An autocommit connection (dict rows) to this test's database."""
-    with db.connect(db_url, application_name="pgd-test") as c:
-        yield c
+def db_url(server_url, template_url):
+    """A fresh migrated database for this test; dropped afterwards."""
+    name = _copy_of_template(server_url, "")
+    yield with_database(server_url, name)
+    _drop(server_url, name)
+
+
+def has_own_database(request) -> bool:
+    """Whether this test's ``conn`` commits into its own database (see the module's rule)."""
+    return ("db_url" in request.fixturenames
+            or request.node.get_closest_marker("own_database") is not None)
+
+
+@pytest.fixture
+def conn(request):
+    """A connection (dict rows) for this test: inside a transaction rolled back at the end,
+    or autocommit to this test's own database (the rule at the top of this module)."""
+    if has_own_database(request):
+        with db.connect(request.getfixturevalue("db_url"), application_name="pgd-test") as c:
+            yield c
+        return
+    with db.connect(request.getfixturevalue("shared_url"), application_name="pgd-test") as c:
+        with c.transaction(force_rollback=True):
+            yield c
+            if c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                pytest.fail("the test ended the rolled-back transaction (a COMMIT?) and may have "
+                            "written into the shared database: mark it own_database")
 
 
 @pytest.fixture

@@ -186,7 +186,7 @@ def test_operator_beaten_by_a_late_report_is_told_so(world):
                               (job_id,)).fetchone()
     transitions.complete(world.conn, attempt_id=lost["id"], generation=lost["generation"],
                          outcome="succeeded", receipt_key=f"{lost['claim_token']}:complete")
-    with pytest.raises(AlreadyResolved) as info:
+    with pytest.raises(AlreadyResolved) as info, world.conn.transaction():
         real_resolve(world.conn, "bob", "retry")
     # not "already resolved by alice": alice resolved the previous incident, not this one
     assert "alice" not in str(info.value)

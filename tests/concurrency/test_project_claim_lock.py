@@ -142,7 +142,11 @@ def test_the_pause_check_fails_for_a_claim_without_the_claim_lock(world, web):
 def bound_during_claims(world, web) -> list:
     """Two claims of web in flight (as in the pause test); a bound of 3 waits for both; two
     claims queued behind the bound change read "no bound" before their lock was granted and
-    find the bound under their shared lock. Returns what those two claims got."""
+    find the bound under their shared lock. Returns what those two claims got.
+
+    Each of the two runs in a transaction committed by ``commit_once_settled``, so that
+    whether the second counts the first's job depends on the locks alone, not on whether the
+    first's commit was quick enough to land before the second counted."""
     world.job()
     a1, a2, c = web["conns"]
     for a in (a1, a2):
@@ -154,12 +158,37 @@ def bound_during_claims(world, web) -> list:
         a1.execute("COMMIT")
         waiting_on_advisory(world.conn, c.info.backend_pid)
         with db.connect(world.conn.info.dsn) as b1, db.connect(world.conn.info.dsn) as b2:
-            later = [pool.submit(claim_sql, b, web["runner"], web["pools"]) for b in (b1, b2)]
+            later = {}
+            for b in (b1, b2):
+                b.execute("BEGIN")
+                later[b] = pool.submit(claim_sql, b, web["runner"], web["pools"])
             for b in (b1, b2):
                 waiting_on_advisory(world.conn, b.info.backend_pid)
             a2.execute("COMMIT")
             bound.result(timeout=10)
-            return [f.result(timeout=10) for f in later]
+            commit_once_settled(world.conn, later)
+            return [f.result() for f in later.values()]
+
+
+def commit_once_settled(conn, claims: dict, timeout_s: float = 10.0) -> None:
+    """Commit the open transactions of ``claims`` (connection -> its claim's future) in
+    rounds: once every claim has either answered or waits for a lock, commit those that
+    answered. Claims that do not wait for each other thus all answer before any commits;
+    a claim waiting for another's lock is let through by that one's commit."""
+    pending = dict(claims)
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        answered = [b for b, f in pending.items() if f.done()]
+        waiting = [b for b, f in pending.items() if not f.done() and conn.execute(
+            "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+            (b.info.backend_pid,)).fetchone()["wait_event_type"] == "Lock"]
+        if answered and len(answered) + len(waiting) == len(pending):
+            for b in answered:
+                b.execute("COMMIT")
+                del pending[b]
+            continue
+        assert time.monotonic() < deadline, "claims neither answered nor waited for a lock"
+        time.sleep(0.02)
 
 
 def test_a_bound_set_during_claims_holds_for_the_claims_after_it(world, web):

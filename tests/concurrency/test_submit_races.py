@@ -12,10 +12,11 @@ import re
 import threading
 import time
 
+import pytest
+
 from sql import db, transitions
 
 from ..sql.catalog import function_source
-
 from ..sql.plans import analyze_all, pin_planner, quiet_autovacuum
 
 KEY = "release-42"
@@ -91,6 +92,7 @@ def test_a_key_is_scoped_to_its_project_and_jobs_without_one_stay_out_of_the_ind
     assert not [n for n, d in indexes.items() if "created_at" in d]
 
 
+@pytest.mark.own_database  # the plan follows the statistics of ANALYZE (tests/conftest.py)
 def test_the_submit_lookup_reads_the_partial_index_in_a_generic_plan(world):
     """pgd_submit looks a key up with ``project_id = $1 AND idempotency_key = $2``; the
     partial index's predicate (key IS NOT NULL) follows from the strict ``=``, so even the

@@ -22,6 +22,11 @@ from sql import transitions
 from .chaos_runs import reruns, runs_violations
 from .invariants import CHECKS, check_invariants, max_overlap
 
+# Committed, not rolled back (tests/conftest.py): the history waits for a backoff to pass,
+# which needs now() to move on, and the checker reads in a REPEATABLE READ transaction of
+# its own, which cannot begin inside the test's.
+pytestmark = pytest.mark.own_database
+
 
 @dataclasses.dataclass
 class History:

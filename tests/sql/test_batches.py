@@ -185,7 +185,8 @@ def test_set_based_batch_leaves_exactly_what_one_at_a_time_completion_leaves(wor
     single = []
     for it in items:
         try:
-            single.append(transitions.complete(world.conn, **it))
+            with world.conn.transaction():
+                single.append(transitions.complete(world.conn, **it))
         except transitions.FencedOut:
             single.append({"status": "fenced"})
     after_single = _outcome(world, single, ids, "green")

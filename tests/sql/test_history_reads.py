@@ -16,6 +16,11 @@ from .plans import analyze_all, explain, pin_planner, plan_nodes, quiet_autovacu
 QUEUED = 3000
 FINISHED = 30000
 
+# Committed, not rolled back (tests/conftest.py): the plans follow the statistics, and an
+# ANALYZE writes a table's row count in place, outside the transaction, where autovacuum of
+# the shared database (woken by earlier tests' rolled-back rows) may overwrite it mid-test.
+pytestmark = pytest.mark.own_database
+
 
 def statement(name: str) -> str:
     """The named statement of sql/jobs.sql, its :parameters left in place."""

@@ -63,7 +63,7 @@ def test_a_different_request_with_the_key_is_refused_and_writes_nothing(world, c
     request = {**FIRST, "depends_on": [dep_a["id"], dep_b["id"]], **change}
     if isinstance(request["depends_on"], str):
         request["depends_on"] = deps[request["depends_on"]]
-    with pytest.raises(Conflict) as caught:
+    with pytest.raises(Conflict) as caught, world.conn.transaction():
         world.job(idempotency_key=KEY, **request)
     assert str(caught.value) == (f"idempotency key already used for job {first['id']} "
                                  f"by a request that differs in {named}")
@@ -142,22 +142,24 @@ def test_after_an_operator_retry_the_same_request_still_finds_its_job(world):
 
 def test_only_keyed_submits_keep_their_request(world):
     world.setup()
-    world.job()
-    keyed = world.job(idempotency_key=KEY, depends_on=[1, 1])
+    dep = world.job()["id"]
+    keyed = world.job(idempotency_key=KEY, depends_on=[dep, dep])
     rows = world.conn.execute("SELECT job_id, request FROM idempotent_requests").fetchall()
     assert rows == [{"job_id": keyed["id"], "request": {
         "pool": keyed["pool_id"], "target": None, "command": ["true"], "priority": 0,
-        "max attempts": 1, "timeout": 3600, "approval": False, "dependencies": [1]}}]
+        "max attempts": 1, "timeout": 3600, "approval": False, "dependencies": [dep]}}]
 
 
 def test_an_unknown_dependency_is_named_by_its_id(world):
     world.setup()
     known = world.job()
-    with pytest.raises(NotFound, match=r"^unknown dependency 999999$"):
+    with pytest.raises(NotFound, match=r"^unknown dependency 999999$"), world.conn.transaction():
         world.job(depends_on=[known["id"], 999999])
-    with pytest.raises(NotFound, match=r"^unknown dependencies 999998, 999999$"):
+    with (pytest.raises(NotFound, match=r"^unknown dependencies 999998, 999999$"),
+          world.conn.transaction()):
         world.job(depends_on=[999999, known["id"], 999998, 999999])
-    with pytest.raises(NotFound, match=r"^unknown dependencies 900001, 900002, 900003, 900004, "
-                                       r"900005 … \(7 in all\)$"):
+    with (pytest.raises(NotFound, match=r"^unknown dependencies 900001, 900002, 900003, 900004, "
+                                        r"900005 … \(7 in all\)$"),
+          world.conn.transaction()):
         world.job(depends_on=list(range(900007, 900000, -1)))
     assert counts(world.conn) == (1, 0)

@@ -17,7 +17,9 @@ UTC_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
 
 
 def refusal(fn, **kw) -> str:
-    with pytest.raises(AlreadyResolved) as caught:
+    """The message ``fn(**kw)`` is refused with (in a savepoint, so that the test's
+    transaction goes on)."""
+    with pytest.raises(AlreadyResolved) as caught, kw["conn"].transaction():
         fn(**kw)
     return str(caught.value)
 

@@ -62,7 +62,7 @@ def test_failure_retries_with_backoff_then_fails(world):
     c2 = world.claim(runner)
     assert c2.generation == 2 and c2.attempt_no == 2
     # the old attempt's late completion is fenced out
-    with pytest.raises(FencedOut):
+    with pytest.raises(FencedOut), world.conn.transaction():
         world.complete(c, "succeeded", receipt_key="other-key")
     r2 = world.complete(c2, "failed", exit_code=3)
     assert r2["job_state"] == "failed"
@@ -90,13 +90,13 @@ def test_expire_requeues_build_and_makes_deployment_uncertain(world):
     assert explain_job(world.conn, job_id=d2["id"])["reason"] == "target_uncertain"
     # the late heartbeat of the lost attempt is refused
     cd = c1 if c1.job_id == deploy["id"] else c2
-    with pytest.raises(FencedOut):
+    with pytest.raises(FencedOut), world.conn.transaction():
         transitions.heartbeat(world.conn, attempt_id=cd.attempt_id, generation=cd.generation, lease_seconds=30)
     # resolve: one operator wins, the other hears who did it
     r = transitions.resolve_target(world.conn, target="production", outcome="succeeded",
                                    note="checked the dashboard", actor="alice")
     assert r["job_state"] == "succeeded"
-    with pytest.raises(AlreadyResolved, match="alice"):
+    with pytest.raises(AlreadyResolved, match="alice"), world.conn.transaction():
         transitions.resolve_target(world.conn, target="production", outcome="retry", note="x", actor="bob")
     c3 = world.claim(runner, pools=("deploy",))
     assert c3 is not None and c3.job_id == d2["id"]
@@ -109,7 +109,7 @@ def test_paused_project_is_not_claimed(world):
     transitions.pause_project(world.conn, project="web", reason="freeze", actor="alice")
     assert world.claim(runner) is None
     assert explain_job(world.conn, job_id=job["id"])["reason"] == "project_paused"
-    with pytest.raises(AlreadyResolved):
+    with pytest.raises(AlreadyResolved), world.conn.transaction():
         transitions.pause_project(world.conn, project="web", reason="again", actor="bob")
     transitions.resume_project(world.conn, project="web", actor="alice")
     assert world.claim(runner).job_id == job["id"]
@@ -160,15 +160,15 @@ def test_failed_dependency_cancels_dependents(world):
 def test_submit_rejects_bad_input_and_writes_nothing(world):
     world.setup()
     n = world.conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"]
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound), world.conn.transaction():
         world.job(project="nope")
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidInput), world.conn.transaction():
         world.job(command=[])
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidInput), world.conn.transaction():
         world.job(command=["a\x00b"])
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidInput), world.conn.transaction():
         world.job(priority=5000)
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound), world.conn.transaction():
         world.job(depends_on=[999999])
     assert world.conn.execute("SELECT count(*) AS n FROM jobs").fetchone()["n"] == n
 
@@ -210,7 +210,7 @@ def test_late_build_report_is_fenced_once_the_job_was_claimed_again(world):
     world.conn.execute("UPDATE jobs SET ready_at = now() WHERE id = %s", (c.job_id,))
     c2 = world.claim(runner)
     assert c2.job_id == c.job_id and c2.generation == 2
-    with pytest.raises(FencedOut):
+    with pytest.raises(FencedOut), world.conn.transaction():
         world.complete(c, "succeeded", exit_code=0)
     assert world.row("jobs", c.job_id)["state"] == "running"
 

@@ -27,7 +27,7 @@ STATES = {
 
 def sqlstate_of(conn, statement: str, params=()) -> str:
     """Run a statement that must fail; return its SQLSTATE."""
-    with pytest.raises(Exception) as info:
+    with pytest.raises(Exception) as info, conn.transaction():  # a savepoint when rolled back
         conn.execute(statement, params)
     state = getattr(info.value, "sqlstate", None)
     assert state, f"not a database error: {info.value!r}"

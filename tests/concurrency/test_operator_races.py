@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sql import AlreadyResolved, Conflict, FencedOut, db, transitions
+from pgdispatch.sql import AlreadyResolved, Conflict, FencedOut, db, transitions
 
 from .harness import (broken_expire_one, check_now, install_broken_expire, raise_first_error,
                       run_together)

@@ -25,7 +25,7 @@ import click
 
 from pgdispatch.sql import (Conflict, DatabaseUnavailable, FencedOut, IncompatibleDatabase, InvalidInput,
                  NotFound, PgDispatchError, Settings)
-from pgdispatch.sql.validate import JOB_STATES
+from pgdispatch.sql.validate import JOB_STATES, MAX_BATCH_LIMIT
 
 EXIT_CODES = {InvalidInput: 2, NotFound: 3, Conflict: 4, FencedOut: 4, DatabaseUnavailable: 5,
               IncompatibleDatabase: 6}
@@ -368,7 +368,7 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
 @click.option("--name", default=None, help="Runner name (default host:pid).")
 @click.option("--grace-seconds", type=click.FloatRange(0, 86400), default=30.0, show_default=True,
               help="On SIGTERM, how long running jobs may finish before being handed back.")
-@click.option("--max-batch", type=click.IntRange(1, 1000), default=10, show_default=True,
+@click.option("--max-batch", type=click.IntRange(1, MAX_BATCH_LIMIT), default=10, show_default=True,
               envvar="PGDISPATCH_MAX_BATCH",
               help="Most builds claimed, and most outcomes reported, in one transaction "
                    "(1: one job per transaction). Env: PGDISPATCH_MAX_BATCH.")

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sql import db, transitions
+from pgdispatch.sql import db, transitions
 
 from .common import (POOL, Bench, Series, create_database, drop_database, limits, parse_tps, pgbench,
                      prepare, scratch_database)

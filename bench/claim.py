@@ -13,7 +13,7 @@ Before those, ``--warmup`` jobs (2,000) are run to completion in batches and eve
 analyzed, untimed, so that the run starts from a queue with history and current planner
 statistics (see ``prepare``).
 ``clients`` worker processes (``multiprocessing``, spawned) each open their own connection,
-register their own runner row (``sql.transitions.register_runner``) and wait on a start
+register their own runner row (``pgdispatch.sql.transitions.register_runner``) and wait on a start
 barrier; then each loops a *cycle* until no queued job is left. The clock runs from the
 barrier until the last worker has finished (all jobs completed and the queue seen empty);
 jobs/s = jobs / that wall-clock time, in seconds. After each run the database is checked:
@@ -22,9 +22,9 @@ held.
 
 Cycles (``@cycle`` registers one; each becomes two series, limits free and limits binding):
 
-* ``pgdispatch`` — today's transitions, one job per transaction: ``sql.transitions.claim``
+* ``pgdispatch`` — today's transitions, one job per transaction: ``pgdispatch.sql.transitions.claim``
   (organization, project and pool capacity reserved, job taken with SKIP LOCKED, generation
-  bumped, attempt row inserted) then ``sql.transitions.complete`` with outcome ``succeeded``
+  bumped, attempt row inserted) then ``pgdispatch.sql.transitions.complete`` with outcome ``succeeded``
   and the claim's receipt key (delivery receipt written, capacity released).
 
 * ``pgdispatch-batch10``, ``pgdispatch-batch50`` — the batched transitions (``claim_batch``
@@ -52,7 +52,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sql import db, transitions
+from pgdispatch.sql import db, transitions
 
 from .common import (POOL, Bench, Series, limits, prepare, run_processes, scratch_database,
                      throughput)

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from sql import config, db, migrate, transitions
-from sql.embedded import ensure_runtime_dir, pg_bin
+from pgdispatch.sql import config, db, migrate, transitions
+from pgdispatch.sql.embedded import ensure_runtime_dir, pg_bin
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -71,7 +71,7 @@ def bench_server() -> Iterator[tuple[str, str]]:
     if os.environ.get("DATABASE_URL"):
         yield os.environ["DATABASE_URL"], "DATABASE_URL"
         return
-    from sql.embedded import start_embedded, stop_embedded
+    from pgdispatch.sql.embedded import start_embedded, stop_embedded
 
     tmp = Path(tempfile.mkdtemp(prefix="pgd-bench-"))
     os.chmod(tmp, 0o755)  # the embedded server may run as its own unprivileged user

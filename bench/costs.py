@@ -122,7 +122,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sql import db, transitions
+from pgdispatch.sql import db, transitions
 
 from .common import (POOL, RESULTS_DIR, bench_server, create_database, database_name, drop_database,
                      git_commit, limits, machine, make_template, parse_tps, pgbench, pgbench_version,

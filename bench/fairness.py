@@ -27,7 +27,7 @@ Three claim functions are compared, each in its own database:
   LOCKED) is the real function's.
 
 Three workloads. The first two are driven by one simulated runner on one real connection
-through ``sql.transitions.claim`` and ``sql.transitions.complete`` (``drive``), the third by
+through ``pgdispatch.sql.transitions.claim`` and ``pgdispatch.sql.transitions.complete`` (``drive``), the third by
 real concurrent claimers (``drive_concurrent``):
 
 * ``asymmetric`` — project ``big`` with 10,000 queued jobs submitted first and project
@@ -65,7 +65,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sql import db
+from pgdispatch.sql import db
 from tests.fairness.workload import (GLOBAL_ORDER, ConcurrentReport, Trace, Workload, asymmetric, drive,
                                      drive_concurrent, install_global_order, install_single_read,
                                      jain_index, setup, weighted)

@@ -23,14 +23,14 @@ rotating — so that the machine's drift falls on both alike and the ratio "with
 without" compares figures taken seconds apart:
 
 * claim latency — one connection per database claims ``--latency-claims`` times through
-  ``sql.transitions.claim``, after CLAIM_WARMUP untimed ones, in CLAIM_ROUNDS rounds
-  alternating the databases (each claim completed through ``sql.transitions.complete``
+  ``pgdispatch.sql.transitions.claim``, after CLAIM_WARMUP untimed ones, in CLAIM_ROUNDS rounds
+  alternating the databases (each claim completed through ``pgdispatch.sql.transitions.complete``
   before the next, untimed); p50/p95/p99 and mean of the claim calls, milliseconds;
 * ``summarize_queue`` — the scheduler's queue-summary refresh the overview reads (ms);
 * console overview (``GET /``) and queue page (``GET /queue/``, first page of 50) — server
-  time of the real Flask app (``webapp.create_app``) through its test client, signed in as a
+  time of the real Flask app (``pgdispatch.webapp.create_app``) through its test client, signed in as a
   viewer: the request handled in-process, rendering included, no network;
-* ``jobs explain`` — ``sql.explain.explain_job`` (what the CLI command calls) on the newest
+* ``jobs explain`` — ``pgdispatch.sql.explain.explain_job`` (what the CLI command calls) on the newest
   queued job;
 * jobs page by state (``GET /jobs/?state=failed``, the overview's link to recent failures:
   the newest 50 failed jobs, every queued job newer than they are), server time as for the
@@ -55,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sql import Settings, accounts, config, db, explain, transitions
+from pgdispatch.sql import Settings, accounts, config, db, explain, transitions
 
 from .common import POOL, Bench, config_text, limits, scratch_database
 
@@ -184,7 +184,7 @@ class Console:
     """The real console app on a database, signed in as a viewer through the login form."""
 
     def __init__(self, url: str):
-        from webapp import create_app
+        from pgdispatch.webapp import create_app
 
         self._tmp = tempfile.TemporaryDirectory(prefix="pgd-bench-console-")
         settings = Settings(secret_key="bench-only-secret-key-0123456789abcdef",
@@ -206,7 +206,7 @@ class Console:
             raise RuntimeError(f"GET {path}: {response.status_code}")
 
     def close(self) -> None:
-        from webapp import shutdown
+        from pgdispatch.webapp import shutdown
 
         shutdown(self.app)
         self._tmp.cleanup()

@@ -19,7 +19,7 @@ Every run gets a fresh copy of a migrated template. Every worker is its own proc
 (``bench.common.run_processes``: spawned, started together on a barrier) with its own
 connections. All times are ``time.monotonic()`` (one clock for every process on Linux).
 The NOTIFY measured is the product's own: the trigger ``pgd_notify_queued`` on ``jobs``
-(channel ``sql.scheduling.WAKEUP_CHANNEL``, payload the pool id), which every migrated
+(channel ``pgdispatch.sql.scheduling.WAKEUP_CHANNEL``, payload the pool id), which every migrated
 database has. A run without it switches it off on its scratch database with
 ``ALTER DATABASE ... SET pgdispatch.notify = 'off'``, the switch docs/operations.md gives
 operators.
@@ -27,7 +27,7 @@ operators.
 **Wake-up latency and idle load** (``wakeup``), one run per claim mode. ``--claimers``
 claimer processes (default 8), each registered as a runner for its own pool ``lane<i>`` plus
 one pool ``shared``. A claimer's *pass* is what scheduler/claiming.py does on each tick:
-``sql.transitions.claim`` until it returns nothing, completing each claimed job (outcome
+``pgdispatch.sql.transitions.claim`` until it returns nothing, completing each claimed job (outcome
 succeeded) before claiming the next. Modes:
 
 * ``poll <I> s`` — a pass every I seconds at a fixed rate (APScheduler's interval trigger;
@@ -37,7 +37,7 @@ succeeded) before claiming the next. Modes:
 * ``listen`` — the product's trigger notifies (in poll modes it is switched off), so the
   NOTIFY is sent by the submitting transaction itself and delivered when it commits. Each
   claimer LISTENs on the wake-up channel on a dedicated connection (the one that would have
-  to bypass a transaction-pooling PgBouncer) and, as ``sql.scheduling.listen_for_work``
+  to bypass a transaction-pooling PgBouncer) and, as ``pgdispatch.sql.scheduling.listen_for_work``
   does, makes a pass as soon as a notification for one of its pools arrives, plus a
   fallback pass every ``--listen-fallback-seconds`` (default 1.0 s, today's tick: what
   NOTIFY does not announce — delayed retries coming due, capacity freed on another host,
@@ -51,7 +51,7 @@ lane):
    server is the embedded one, on this machine — the CPU time of the claimers' server
    backends from /proc, in milliseconds of CPU per second of wall clock.
 2. *latency*: ``--submits`` jobs in all, each lane a closed loop: sleep U(0, G), submit one
-   no-op job to the lane's pool with ``sql.transitions.submit`` (its own transaction), wait
+   no-op job to the lane's pool with ``pgdispatch.sql.transitions.submit`` (its own transaction), wait
    until a claimer reports the claim, repeat. G is ``--gap-seconds`` (1.0), in poll modes
    rounded up to a multiple of the interval so that a submit falls at a uniformly random
    phase of the tick. With G = 1 s the 8 lanes rarely have claims running at the same
@@ -70,7 +70,7 @@ lane):
 **Submit throughput with and without NOTIFY** (``throughput``). For each N in ``--clients``
 and each of ``--repeats`` repeats, two runs alternated (which goes first rotates with the
 repeat): ``plain`` (the trigger switched off) and ``notify``. N submitter processes each
-enqueue ``--jobs``/N no-op jobs through ``sql.transitions.submit``, one job per transaction;
+enqueue ``--jobs``/N no-op jobs through ``pgdispatch.sql.transitions.submit``, one job per transaction;
 ``--listeners`` more processes (default 2) LISTEN on the wake-up channel and drain what
 arrives, in both runs. jobs/s = jobs / (last submitter's end - first submitter's
 start), seconds from the barrier; the table gives the median over repeats (min-max beside
@@ -140,8 +140,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from sql import config, db, transitions
-from sql.scheduling import WAKEUP_CHANNEL
+from pgdispatch.sql import config, db, transitions
+from pgdispatch.sql.scheduling import WAKEUP_CHANNEL
 
 from .common import (RESULTS_DIR, bench_server, database_name, parse_tps, percentile, pgbench,
                      run_processes, scratch_database, server_settings, template_database)

@@ -35,7 +35,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from sql import db
+from pgdispatch.sql import db
 
 from .common import Bench, Series, run_processes, scratch_database, throughput, version
 

@@ -10,7 +10,7 @@ each N in ``--running``: the bench organization and pool with limits that do not
 (100,000), 4 projects without a bound, N + ``--claims`` queued no-op jobs; N of them are
 claimed in batches of 500 with a one-hour lease and left running (so N organization and pool
 slots are held and N jobs count as running for fairness), then ``VACUUM ANALYZE``. Then
-``--claims`` times, one session: ``sql.transitions.claim`` one job (timed: the call's wall
+``--claims`` times, one session: ``pgdispatch.sql.transitions.claim`` one job (timed: the call's wall
 clock in milliseconds, ``time.perf_counter``), then complete it (not timed), so the running
 count stays N. Reported: p50, p95 and p99 (nearest rank) per N, and the ratio of each p50 to
 the first N's.
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sql import db, transitions
+from pgdispatch.sql import db, transitions
 
 from .common import (POOL, RESULTS_DIR, bench_server, limits, percentile, prepare, scratch_database,
                      template_database)

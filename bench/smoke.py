@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from sql import db
+from pgdispatch.sql import db
 
 from .common import shared_server
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import click
 
-from sql import (Conflict, DatabaseUnavailable, FencedOut, IncompatibleDatabase, InvalidInput,
+from pgdispatch.sql import (Conflict, DatabaseUnavailable, FencedOut, IncompatibleDatabase, InvalidInput,
                  NotFound, PgDispatchError, Settings)
-from sql.validate import JOB_STATES
+from pgdispatch.sql.validate import JOB_STATES, MAX_BATCH_LIMIT
 
 EXIT_CODES = {InvalidInput: 2, NotFound: 3, Conflict: 4, FencedOut: 4, DatabaseUnavailable: 5,
               IncompatibleDatabase: 6}
@@ -59,7 +59,7 @@ class Context:
     def url(self) -> str:
         """The database URL; the embedded server is started and migrated on first use."""
         if self._url is None:
-            from sql import migrate
+            from pgdispatch.sql import migrate
 
             self._url = self.server_url
             if not self.settings.database_url:
@@ -71,7 +71,7 @@ class Context:
         """The database URL without migrating (for ``db upgrade`` itself). Says so on stderr
         when it is about to create a new embedded database: a command run outside the
         checkout would otherwise quietly answer from an empty one."""
-        from sql import embedded
+        from pgdispatch.sql import embedded
 
         if not self.settings.database_url and not embedded.exists(self.settings.data_dir):
             click.echo(f"note: no DATABASE_URL and no database in "
@@ -80,7 +80,7 @@ class Context:
         return embedded.database_url(self.settings)
 
     def connect(self):
-        from sql import db
+        from pgdispatch.sql import db
 
         return db.connect(self.url, application_name="pgdispatch-cli")
 
@@ -120,7 +120,7 @@ def db() -> None:
 @click.pass_obj
 def db_upgrade(obj: Context, as_json: bool) -> None:
     """Apply pending migrations (safe to run from several hosts at once)."""
-    from sql import migrate
+    from pgdispatch.sql import migrate
 
     url = obj.server_url
     applied = migrate.upgrade(url)
@@ -138,7 +138,7 @@ def db_upgrade(obj: Context, as_json: bool) -> None:
 @click.pass_obj
 def apply_cmd(obj: Context, path: str, as_json: bool, actor: str | None) -> None:
     """Declare organizations, pools, projects, targets and users from a TOML file (idempotent)."""
-    from sql import config
+    from pgdispatch.sql import config
 
     text = config.read_config_file(path)  # before connecting: a missing file creates nothing
     with obj.connect() as conn:
@@ -175,7 +175,7 @@ def submit_cmd(obj: Context, project: str, pool: str, target: str | None, priori
 
     Prints the job as JSON with its id.
     """
-    from sql import transitions
+    from pgdispatch.sql import transitions
 
     with obj.connect() as conn:
         # the job and its submit_job audit event commit together (pgd_submit)
@@ -198,7 +198,7 @@ def jobs() -> None:
 @click.pass_obj
 def jobs_show(obj: Context, job_id: int) -> None:
     """One job with its attempts (JSON)."""
-    from sql import reads
+    from pgdispatch.sql import reads
 
     with obj.connect() as conn:
         emit(reads.show_job(conn, job_id=job_id))
@@ -215,7 +215,7 @@ def jobs_show(obj: Context, job_id: int) -> None:
 def jobs_list(obj: Context, state: str | None, limit: int, before_id: int | None,
               as_json: bool) -> None:
     """The newest jobs, newest first: id, state, project, pool, target and command."""
-    from sql import reads
+    from pgdispatch.sql import reads
 
     with obj.connect() as conn:
         rows = reads.list_recent_jobs(conn, limit=limit, state=state,
@@ -235,7 +235,7 @@ def jobs_list(obj: Context, state: str | None, limit: int, before_id: int | None
 @click.pass_obj
 def jobs_explain(obj: Context, job_id: int) -> None:
     """Why a job is not running: reason codes in precedence order, with numbers (JSON)."""
-    from sql import explain
+    from pgdispatch.sql import explain
 
     with obj.connect() as conn:
         emit(explain.explain_job(conn, job_id=job_id, live_seconds=obj.settings.lease_seconds))
@@ -249,7 +249,7 @@ def _job_action(name: str, doc: str):
     @actor_option
     @click.pass_obj
     def action(obj: Context, job_id: int, reason: str | None, as_json: bool, actor: str | None) -> None:
-        from sql import transitions
+        from pgdispatch.sql import transitions
 
         fn = getattr(transitions, f"{name}_job")
         with obj.connect() as conn:
@@ -278,7 +278,7 @@ def projects() -> None:
 @click.pass_obj
 def projects_pause(obj: Context, name: str, reason: str, as_json: bool, actor: str | None) -> None:
     """Pause a project: its queued jobs wait with reason project_paused."""
-    from sql import transitions
+    from pgdispatch.sql import transitions
 
     with obj.connect() as conn:
         result = transitions.pause_project(conn, project=name, reason=reason, actor=actor or default_actor())
@@ -293,7 +293,7 @@ def projects_pause(obj: Context, name: str, reason: str, as_json: bool, actor: s
 @click.pass_obj
 def projects_resume(obj: Context, name: str, reason: str | None, as_json: bool, actor: str | None) -> None:
     """Resume a paused project."""
-    from sql import transitions
+    from pgdispatch.sql import transitions
 
     with obj.connect() as conn:
         result = transitions.resume_project(conn, project=name, reason=reason, actor=actor or default_actor())
@@ -316,7 +316,7 @@ def targets() -> None:
 def targets_resolve(obj: Context, name: str, outcome: str, note: str, as_json: bool,
                     actor: str | None) -> None:
     """Resolve an uncertain target."""
-    from sql import transitions
+    from pgdispatch.sql import transitions
 
     with obj.connect() as conn:
         result = transitions.resolve_target(conn, target=name, outcome=outcome, note=note,
@@ -338,7 +338,7 @@ def tokens() -> None:
 def tokens_create(obj: Context, username: str, name: str, actor: str | None) -> None:
     """Create an API token; it is printed once and stored only as a hash. Audited as
     ``create_api_token`` (its id and label, never the token), as from the console."""
-    from sql import accounts
+    from pgdispatch.sql import accounts
 
     with obj.connect() as conn:
         issued = accounts.issue_api_token(conn, username=username, name=name,
@@ -353,7 +353,7 @@ def tokens_create(obj: Context, username: str, name: str, actor: str | None) -> 
 @click.pass_obj
 def expire_cmd(obj: Context, as_json: bool) -> None:
     """Run one lease-expiry pass."""
-    from sql import transitions
+    from pgdispatch.sql import transitions
 
     s = obj.settings
     with obj.connect() as conn:
@@ -368,7 +368,7 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
 @click.option("--name", default=None, help="Runner name (default host:pid).")
 @click.option("--grace-seconds", type=click.FloatRange(0, 86400), default=30.0, show_default=True,
               help="On SIGTERM, how long running jobs may finish before being handed back.")
-@click.option("--max-batch", type=click.IntRange(1, 1000), default=10, show_default=True,
+@click.option("--max-batch", type=click.IntRange(1, MAX_BATCH_LIMIT), default=10, show_default=True,
               envvar="PGDISPATCH_MAX_BATCH",
               help="Most builds claimed, and most outcomes reported, in one transaction "
                    "(1: one job per transaction). Env: PGDISPATCH_MAX_BATCH.")
@@ -390,11 +390,11 @@ def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | 
                   metrics_addr: str) -> None:
     """Run a scheduler process until SIGTERM/SIGINT."""
     logging.getLogger().setLevel(logging.INFO)
-    from scheduler import main as scheduler_main
+    from pgdispatch.scheduler import main as scheduler_main
 
     watch = None
     if metrics_port is not None:
-        from scheduler.metrics import Exporter
+        from pgdispatch.scheduler.metrics import Exporter
 
         # listen before registering the runner: a port in use fails having changed nothing
         watch = Exporter(port=metrics_port, addr=metrics_addr).watch
@@ -413,7 +413,7 @@ def web_cmd(obj: Context, bind: str | None, workers: int) -> None:
     settings = obj.settings.with_overrides(bind=bind)
     _check_bind(settings.bind)
     logging.getLogger().setLevel(logging.INFO)
-    from webapp import serve
+    from pgdispatch.webapp import serve
     serve.serve(settings, database_url=obj.url, bind=settings.bind, workers=workers)
 
 

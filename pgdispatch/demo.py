@@ -24,8 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from sql import InvalidInput, PgDispatchError, Settings, config, db, embedded, migrate, transitions
-from sql.queries import Q
+from pgdispatch.sql import InvalidInput, PgDispatchError, Settings, config, db, embedded, migrate, transitions
+from pgdispatch.sql.queries import Q
 
 log = logging.getLogger("pgdispatch.demo")
 

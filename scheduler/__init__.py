@@ -2,5 +2,5 @@
 subprocess, keeps its lease alive, reports the outcome; also expires lapsed leases and
 refreshes the queue summary. It talks to PostgreSQL only through ``sql``.
 
-Entry point: ``scheduler.main.run`` (``pgdispatch scheduler``, or ``python -m scheduler``).
+Entry point: ``pgdispatch.scheduler.main.run`` (``pgdispatch scheduler``, or ``python -m scheduler``).
 """

@@ -8,8 +8,8 @@ import argparse
 import logging
 import sys
 
-from sql import PgDispatchError, Settings
-from sql.embedded import database_url
+from pgdispatch.sql import PgDispatchError, Settings
+from pgdispatch.sql.embedded import database_url
 
 from .claiming import DEFAULT_MAX_BATCH
 from .main import run

@@ -29,11 +29,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from sql import DatabaseUnavailable, FencedOut, Settings, transitions
-from sql.db import checkout
-from sql.scheduling import backend_pid
-from sql.transitions import Claim
-from sql.validate import check_max_batch
+from pgdispatch.sql import DatabaseUnavailable, FencedOut, Settings, transitions
+from pgdispatch.sql.db import checkout
+from pgdispatch.sql.scheduling import backend_pid
+from pgdispatch.sql.transitions import Claim
+from pgdispatch.sql.validate import check_max_batch
 
 log = logging.getLogger(__name__)
 

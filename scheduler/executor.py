@@ -36,8 +36,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from sql import Settings
-from sql.transitions import Claim
+from pgdispatch.sql import Settings
+from pgdispatch.sql.transitions import Claim
 
 from .heartbeats import Heartbeat
 from .output import OutputTail
@@ -85,7 +85,7 @@ class Execution:
 
     Args:
         claim: what to run.
-        pool: the connection pool (from ``sql.scheduling.make_scheduler_pool``).
+        pool: the connection pool (from ``pgdispatch.sql.scheduling.make_scheduler_pool``).
         settings: lease_seconds, heartbeat_seconds and the retry backoff are read from it.
         sent_at: ``time.monotonic()`` when the claim request was sent (the lease runs from
             no earlier than that).

@@ -9,8 +9,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sql import Settings, transitions
-from sql.db import checkout
+from pgdispatch.sql import Settings, transitions
+from pgdispatch.sql.db import checkout
 
 log = logging.getLogger(__name__)
 

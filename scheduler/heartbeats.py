@@ -22,9 +22,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from sql import FencedOut, Settings, transitions
-from sql.db import checkout
-from sql.transitions import Claim
+from pgdispatch.sql import FencedOut, Settings, transitions
+from pgdispatch.sql.db import checkout
+from pgdispatch.sql.transitions import Claim
 
 from .output import OutputTail
 

@@ -27,11 +27,11 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.jobstores.base import JobLookupError
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from sql import DatabaseUnavailable, Settings, transitions
-from sql.db import checkout
-from sql.scheduling import listen_for_work, make_scheduler_pool, runner_pool_ids
-from sql.transitions import Claim
-from sql.validate import check_max_batch
+from pgdispatch.sql import DatabaseUnavailable, Settings, transitions
+from pgdispatch.sql.db import checkout
+from pgdispatch.sql.scheduling import listen_for_work, make_scheduler_pool, runner_pool_ids
+from pgdispatch.sql.transitions import Claim
+from pgdispatch.sql.validate import check_max_batch
 
 from . import expiry, runner_row, summaries
 from .claiming import DEFAULT_MAX_BATCH, Claimer
@@ -342,7 +342,7 @@ def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
     ``slots`` slots, claims and runs jobs, and on stop waits up to ``grace_seconds`` for
     running jobs before handing them back (see the module docstring). Signal handlers are
     installed only when called from the main thread. ``watch(scheduler)`` is called before
-    it starts (``scheduler.metrics.Exporter.watch``: this process's metrics endpoint).
+    it starts (``pgdispatch.scheduler.metrics.Exporter.watch``: this process's metrics endpoint).
     ``max_batch``: most builds claimed, and most outcomes reported, in one transaction
     (1 turns batching off). ``listen``: wake on NOTIFY as well as polling (see Scheduler).
 

@@ -35,8 +35,8 @@ from prometheus_client import (CollectorRegistry, Counter, GCCollector, Platform
                                ProcessCollector, start_http_server)
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-import sql.metrics
-from sql import InvalidInput
+import pgdispatch.sql.metrics as metrics
+from pgdispatch.sql import InvalidInput
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from sql import DatabaseUnavailable
+from pgdispatch.sql import DatabaseUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sql import DatabaseUnavailable, FencedOut, PgDispatchError, Settings, transitions
-from sql.db import checkout
-from sql.transitions import Claim
-from sql.validate import check_max_batch
+from pgdispatch.sql import DatabaseUnavailable, FencedOut, PgDispatchError, Settings, transitions
+from pgdispatch.sql.db import checkout
+from pgdispatch.sql.transitions import Claim
+from pgdispatch.sql.validate import check_max_batch
 
 log = logging.getLogger(__name__)
 

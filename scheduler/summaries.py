@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from sql import transitions
-from sql.db import checkout
+from pgdispatch.sql import transitions
+from pgdispatch.sql.db import checkout
 
 
 def refresh_queue_summary(pool) -> None:

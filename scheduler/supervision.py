@@ -27,8 +27,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from sql import Settings
-from sql.transitions import Claim
+from pgdispatch.sql import Settings
+from pgdispatch.sql.transitions import Claim
 
 from .heartbeats import Heartbeat, fence_margin_seconds
 from .output import OutputTail

@@ -84,7 +84,7 @@ class Watchdog:
         self._lock = threading.Lock()
         # its own session: a SIGSTOP sent to the scheduler's process group (kill -STOP -PGID,
         # Ctrl-Z in a terminal) must not freeze the watchdog with the scheduler
-        self._proc = subprocess.Popen([sys.executable, "-m", "scheduler.watchdog"],
+        self._proc = subprocess.Popen([sys.executable, "-m", "pgdispatch.scheduler.watchdog"],
                                       stdin=subprocess.PIPE, close_fds=True, start_new_session=True)
 
     def _send(self, line: str) -> None:

@@ -2,7 +2,7 @@
 
 The SQL lives in ``sql/schema.sql`` (tables, indexes, types), ``sql/functions/*.sql`` (the
 PL/pgSQL transitions and triggers), ``sql/*.sql`` (the named statements the Python modules
-run) and ``sql/migrations/`` (what changes a live database's tables; see ``sql.migrate``).
+run) and ``sql/migrations/`` (what changes a live database's tables; see ``pgdispatch.sql.migrate``).
 This package loads it, owns the connection pool and the retry policy, translates errors,
 and exposes thin typed functions. ``webapp`` and ``scheduler`` call these and never import
 psycopg themselves.

@@ -1,7 +1,7 @@
 """What the scheduler process needs from ``sql`` beyond the transitions: a pool sized for
 it, the pools a runner serves, its session's backend pid, and the wake-up listener.
 
-Connections are borrowed with ``sql.db.checkout``: ``scheduler`` never imports psycopg, so a
+Connections are borrowed with ``pgdispatch.sql.db.checkout``: ``scheduler`` never imports psycopg, so a
 dropped connection, a pool that cannot hand out a connection in time, or a server that
 refuses connections all surface there as ``DatabaseUnavailable``, the one exception a
 scheduler catches to log, back off and carry on.

@@ -2,7 +2,7 @@
 
 Each function takes the connection first. On an idle (autocommit) connection it runs as its
 own short transaction, retried after deadlock or serialization failure; inside the caller's
-``with conn.transaction():`` it runs once and the caller owns the retry (``sql.db``).
+``with conn.transaction():`` it runs once and the caller owns the retry (``pgdispatch.sql.db``).
 Every time is the database's (DESIGN.md, "Transitions").
 """
 

@@ -6,7 +6,7 @@ and ``world`` write follows one rule:
 * **Rolled back** (the default): ``conn`` is one connection to a database the session shares,
   inside a transaction that is rolled back when the test ends. Nothing a test writes outlives
   it and no database is created for it. A transition runs there as inside any caller's
-  transaction (``sql.db.transition``): once, without a transaction of its own, so a refusal
+  transaction (``pgdispatch.sql.db.transition``): once, without a transaction of its own, so a refusal
   from the database aborts the test's transaction. A test that goes on after an expected
   refusal gives that call a savepoint: ``with pytest.raises(FencedOut), conn.transaction():``.
 * **Own database**: a test that shares its database with another connection — it asks for
@@ -44,11 +44,11 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from sql.embedded import ensure_runtime_dir  # noqa: E402
+from pgdispatch.sql.embedded import ensure_runtime_dir  # noqa: E402
 
 ensure_runtime_dir()
 
-from sql import db, migrate  # noqa: E402
+from pgdispatch.sql import db, migrate  # noqa: E402
 
 from .factories import World  # noqa: E402
 

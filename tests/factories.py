@@ -6,8 +6,8 @@ import itertools
 import json
 from typing import Any
 
-from sql import config, transitions
-from sql.queries import Q
+from pgdispatch.sql import config, transitions
+from pgdispatch.sql.queries import Q
 
 _seq = itertools.count(1)
 

@@ -2,7 +2,7 @@
 
 One psycopg pool per process (created on first use, so that gunicorn workers forked after
 the factory ran never share sockets), one connection per request, every state change through
-``sql.transitions``. Only ``sql`` talks to PostgreSQL; this package never imports psycopg.
+``pgdispatch.sql.transitions``. Only ``sql`` talks to PostgreSQL; this package never imports psycopg.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from typing import Any
 from flask import Flask
 from flask.json.provider import DefaultJSONProvider
 
-import sql
-import sql.embedded
-
+from pgdispatch import sql
+import pgdispatch.sql.embedded as embedded
 ROOT = Path(__file__).resolve().parent.parent
 TRUTHY = ("1", "true", "yes", "on")
 

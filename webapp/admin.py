@@ -1,7 +1,7 @@
 """Admin area: accounts (create, role, disable, password), API tokens, and limits.
 
 Admins only: every route, pages included, answers 403 to operators and viewers. Each action
-is a conditional transition in ``sql.accounts`` or ``sql.limits`` that writes its audit event
+is a conditional transition in ``pgdispatch.sql.accounts`` or ``pgdispatch.sql.limits`` that writes its audit event
 in the same transaction; forms carry the value the admin saw (``expected_*``), so a stale form
 loses with "already … (last change by bob at …)" instead of overwriting someone else's change.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from flask import Blueprint, flash, render_template, request, url_for
 
-from sql import InvalidInput, PgDispatchError, accounts, limits
-from sql.accounts import ROLES
-from sql.validate import check_int
+from pgdispatch.sql import InvalidInput, PgDispatchError, accounts, limits
+from pgdispatch.sql.accounts import ROLES
+from pgdispatch.sql.validate import check_int
 
 from .db import get_conn
 from .views import actor, form_text, is_htmx, perform, render_view, require_admin, respond

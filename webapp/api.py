@@ -12,7 +12,7 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, g, jsonify, request, url_for
 
-from sql import InvalidInput, accounts, explain, reads, transitions
+from pgdispatch.sql import InvalidInput, accounts, explain, reads, transitions
 
 from .auth import ROLE_RANK
 from .db import get_conn

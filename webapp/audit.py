@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint
 
-from sql import audit
+from pgdispatch.sql import audit
 
 from .db import get_conn
 from .views import MAX_BIGINT, arg_int, arg_text, render_view

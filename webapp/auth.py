@@ -19,7 +19,7 @@ from flask_limiter import Limiter
 from flask_limiter.util import get_remote_address
 from flask_login import LoginManager, UserMixin, current_user, login_user, logout_user
 
-from sql import accounts
+from pgdispatch.sql import accounts
 
 from .db import get_conn
 from .views import is_htmx

@@ -7,8 +7,7 @@ import threading
 
 from flask import Flask, current_app, g
 
-import sql.db
-
+import pgdispatch.sql.db as db
 _lock = threading.Lock()
 _KEY = "pgdispatch.pool"
 
@@ -39,7 +38,7 @@ def _pool(app: Flask):
 
 def get_conn():
     """This request's connection (autocommit, dict rows), checked out on first use and given
-    back when the request ends: ``sql.db.checkout`` split in two, since a request is not a
+    back when the request ends: ``pgdispatch.sql.db.checkout`` split in two, since a request is not a
     ``with`` block.
 
     Raises:

@@ -1,5 +1,5 @@
 """Errors become a JSON ``{"error": ...}`` under /api/, an out-of-band flash for htmx, or an
-error page; never a traceback. ``sql.errors`` exceptions carry their own HTTP status."""
+error page; never a traceback. ``pgdispatch.sql.errors`` exceptions carry their own HTTP status."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from flask import Flask, Response, jsonify, make_response, render_template, requ
 from flask_wtf.csrf import CSRFError
 from werkzeug.exceptions import HTTPException
 
-from sql import PgDispatchError
+from pgdispatch.sql import PgDispatchError
 
 from .views import flash_oob, is_htmx
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app, redirect, render_template, request, url_for
 
-from sql import InvalidInput, explain, reads, transitions
-from sql.validate import JOB_STATES
+from pgdispatch.sql import InvalidInput, explain, reads, transitions
+from pgdispatch.sql.validate import JOB_STATES
 
 from .db import get_conn
 from .views import actor, arg_int, arg_text, check_job_id, form_text, perform, render_view

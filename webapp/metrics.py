@@ -6,9 +6,9 @@ from flask import Blueprint, Response, current_app, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-import sql.metrics  # noqa: F401  (registers the shared counters in the default registry)
-from sql import DatabaseUnavailable, reads
-from sql.db import ping_database
+import pgdispatch.sql.metrics  # noqa: F401  (registers the shared counters in the default registry)
+from pgdispatch.sql import DatabaseUnavailable, reads
+from pgdispatch.sql.db import ping_database
 
 from .db import get_conn
 

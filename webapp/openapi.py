@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sql.explain import REASON_CODES
+from pgdispatch.sql.explain import REASON_CODES
 
 _ERROR = {"$ref": "#/components/responses/Error"}
 _ERROR_CONTENT = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
@@ -136,7 +136,7 @@ SPEC: dict[str, Any] = {
     },
     "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                       "description": "a token from `sql.accounts.create_api_token`"}},
+                                       "description": "a token from `pgdispatch.sql.accounts.create_api_token`"}},
         "responses": {"Error": {"description": "refused; nothing was changed",
                                 "content": _ERROR_CONTENT}},
         "schemas": {

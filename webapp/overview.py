@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app
 
-from sql import reads
-from sql.explain import REASON_CODES
+from pgdispatch.sql import reads
+from pgdispatch.sql.explain import REASON_CODES
 
 from .db import get_conn
 from .views import render_view

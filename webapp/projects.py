@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, render_template, url_for
 
-from sql import reads, transitions
+from pgdispatch.sql import reads, transitions
 
 from .db import get_conn
 from .views import actor, form_text, perform, render_view

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, current_app
 
-from sql import reads
+from pgdispatch.sql import reads
 
 from .db import get_conn
 from .views import render_view

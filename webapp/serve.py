@@ -6,9 +6,8 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 
-import sql
-import sql.embedded
-
+from pgdispatch import sql
+import pgdispatch.sql.embedded as embedded
 from . import create_app
 
 

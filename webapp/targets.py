@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flask import Blueprint, render_template, request, url_for
 
-from sql import InvalidInput, reads, transitions
-from sql.transitions import RESOLUTIONS
+from pgdispatch.sql import InvalidInput, reads, transitions
+from pgdispatch.sql.transitions import RESOLUTIONS
 
 from .db import get_conn
 from .views import actor, form_text, perform, render_view

@@ -13,7 +13,7 @@ from typing import Any
 from flask import Response, abort, flash, make_response, redirect, render_template, request
 from flask_login import current_user
 
-from sql import Conflict, InvalidInput, PgDispatchError
+from pgdispatch.sql import Conflict, InvalidInput, PgDispatchError
 
 from .db import get_conn
 
@@ -70,7 +70,7 @@ def perform(action: Callable[[Any], Any], *, success: Callable[[Any], str], back
     """Run ``action(conn)`` (a sql transition, which writes the audit event) as an operator
     (``role="admin"``: as an admin).
 
-    A refusal from the database (``sql.errors``) answers with its ``http_status``; a
+    A refusal from the database (``pgdispatch.sql.errors``) answers with its ``http_status``; a
     conflict (another operator acted first) also returns the fragment as it is now, so the
     loser sees the current state beside the "already … by alice at …" message.
     """

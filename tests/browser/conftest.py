@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from werkzeug.serving import make_server
 
-from sql import Settings
-from webapp import create_app, shutdown
+from pgdispatch.sql import Settings
+from pgdispatch.webapp import create_app, shutdown
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",

@@ -6,7 +6,7 @@ import re
 
 from playwright.sync_api import expect
 
-from sql import transitions
+from pgdispatch.sql import transitions
 
 from tests.webapp.support import ensure_account
 

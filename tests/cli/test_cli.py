@@ -238,7 +238,7 @@ def test_a_command_outside_the_checkout_says_it_creates_a_new_database():
 
 def test_unmigrated_database_says_so(server_url, tmp_path):
     from tests.conftest import with_database
-    from sql import db
+    from pgdispatch.sql import db
 
     name = f"pgd_test_empty_{os.getpid()}"
     with db.connect(server_url) as c:

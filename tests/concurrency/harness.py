@@ -41,7 +41,7 @@ import time
 from collections import defaultdict
 from typing import Any, Callable
 
-from sql import db, transitions
+from pgdispatch.sql import db, transitions
 
 BARRIER_TIMEOUT_S = 30.0
 
@@ -88,7 +88,7 @@ def run_together(db_url: str, fns: list[Callable[[Any], Any]], *,
 
 def transaction_retries() -> float:
     """How many transactions this process has retried after 40P01 / 40001 (sql.metrics)."""
-    from sql import metrics
+    from pgdispatch.sql import metrics
 
     return sum(s.value for m in metrics.TRANSACTION_RETRIES.collect() for s in m.samples
                if s.name.endswith("_total"))

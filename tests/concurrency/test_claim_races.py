@@ -7,7 +7,7 @@ installed in that test's database only).
 
 from __future__ import annotations
 
-from sql import Conflict, transitions
+from pgdispatch.sql import Conflict, transitions
 
 from .harness import (broken_claim, check_now, install_broken_claim, raise_first_error, run_load,
                       run_together)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from sql import transitions
+from pgdispatch.sql import transitions
 
 from .harness import (Watcher, broken_expire_one, check_now, install_broken_expire,
                       raise_first_error, run_together, transaction_retries)

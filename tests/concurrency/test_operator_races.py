@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sql import AlreadyResolved, Conflict, FencedOut, db, transitions
+from pgdispatch.sql import AlreadyResolved, Conflict, FencedOut, db, transitions
 
 from .harness import (broken_expire_one, check_now, install_broken_expire, raise_first_error,
                       run_together)
@@ -117,7 +117,7 @@ def test_harness_catches_a_resolve_that_checks_a_stale_state(world, db_url):
     make_uncertain(world, runner)
 
     def resolve(conn, actor, outcome):
-        return call_broken(conn, "SELECT pgd_resolve_target_broken('production', %s, 'note', %s, 0.2) AS r",
+        return call_broken(conn, "SELECT pgd_resolve_target_broken('production', %s, 'note', %s, 1.0) AS r",
                            outcome, actor)
 
     r = race_resolve(world, db_url, resolve)
@@ -169,7 +169,7 @@ def test_harness_catches_a_resolve_racing_a_late_report_on_a_stale_state(world, 
     runner = world.runner(pools=("deploy",))
     world.conn.execute(BROKEN_RESOLVE_SQL)
     r = race_late_report(world, db_url, runner, lambda conn, actor, outcome: call_broken(
-        conn, "SELECT pgd_resolve_target_broken('production', %s, 'note', %s, 0.2) AS r", outcome, actor))
+        conn, "SELECT pgd_resolve_target_broken('production', %s, 'note', %s, 1.0) AS r", outcome, actor))
     assert r["report"].error is None and r["resolve"].error is None
     assert r["report"].value["job_state"] == "succeeded" and r["job"] == "failed"
 
@@ -250,7 +250,7 @@ def test_harness_catches_a_pause_that_checks_a_stale_state(world, db_url):
     world.setup()
     world.conn.execute(BROKEN_PAUSE_SQL)
     r = race_pause(world, db_url, lambda conn, actor: call_broken(
-        conn, "SELECT pgd_pause_project_broken('web', 'freeze', %s, 0.2) AS r", actor))
+        conn, "SELECT pgd_pause_project_broken('web', 'freeze', %s, 1.0) AS r", actor))
     assert len(r["wins"]) == 2 and r["losses"] == []
     assert audit_count(world.conn, "pause_project", "project:web") == 2
 
@@ -355,7 +355,7 @@ def test_harness_catches_a_completion_that_checks_its_receipt_too_early(world, d
         world.job()
     world.claim(runner)
     r = race_same_receipt(world, db_url, runner, lambda conn, c: call_broken(
-        conn, "SELECT pgd_complete_broken(%s, %s, %s, 0.2) AS r", c.attempt_id, c.generation, c.receipt_key))
+        conn, "SELECT pgd_complete_broken(%s, %s, %s, 1.0) AS r", c.attempt_id, c.generation, c.receipt_key))
     assert [resp["repeated"] for resp in r["responses"]] == [False, False]
     assert r["after"] == {"org": 1, "project": 1, "pool": 1, "attempts": 1}  # the other job
     assert check_now(world.conn) == []

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import pytest
 
-from sql import db
+from pgdispatch.sql import db
 
 from ..variants import variant_sql
 

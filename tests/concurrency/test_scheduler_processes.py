@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from sql import db, transitions
+from pgdispatch.sql import db, transitions
 
 from ..faults import consistency
 from .harness import Watcher, attempt_shapes, limits, max_overlaps, run_together

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from sql import db, transitions
+from pgdispatch.sql import db, transitions
 
 from ..sql.catalog import function_source
 from ..sql.plans import analyze_all, pin_planner, quiet_autovacuum

@@ -14,8 +14,8 @@ import sys
 import pytest
 import requests
 
-from sql import accounts
-from sql.explain import explain_job
+from pgdispatch.sql import accounts
+from pgdispatch.sql.explain import explain_job
 
 from .test_scheduler_e2e import (ROOT, attempts, is_running, job_row, schedulers, sleeper,  # noqa: F401
                                  wait_until)

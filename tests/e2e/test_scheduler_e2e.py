@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from sql import FencedOut, transitions
+from pgdispatch.sql import FencedOut, transitions
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_SECONDS = 2.0
@@ -59,7 +59,7 @@ class Schedulers:
                    PGDISPATCH_SUMMARY_INTERVAL_SECONDS="1",
                    PGDISPATCH_BACKOFF_BASE_SECONDS="0.1", PGDISPATCH_BACKOFF_CAP_SECONDS="0.2",
                    PGDISPATCH_DATA_DIR=str(self.tmp_path / "data"))
-        entry = ["-m", "pgdispatch", "scheduler"] if via_cli else ["-m", "scheduler"]
+        entry = ["-m", "pgdispatch", "scheduler"] if via_cli else ["-m", "pgdispatch.scheduler"]
         argv = [sys.executable, *entry, "--slots", str(slots), "--name", name]
         for pool in pools:
             argv += ["--pool", pool]

@@ -1,8 +1,8 @@
 """Fairness checks: run a workload through the real claim and say whether it was fair.
 
 The workloads and the simulated runner live in ``workload.py`` (``bench/fairness.py`` runs the
-same ones at benchmark sizes): jobs are claimed through ``sql.transitions.claim`` and completed through
-``sql.transitions.complete`` on real connections to this test's database. Each ``check_*``
+same ones at benchmark sizes): jobs are claimed through ``pgdispatch.sql.transitions.claim`` and completed through
+``pgdispatch.sql.transitions.complete`` on real connections to this test's database. Each ``check_*``
 raises AssertionError with the figures when the run was unfair; each is shown, in a test, to
 fail against a deliberately unfair claim installed in the test's database.
 """
@@ -33,10 +33,10 @@ RATIO_TOLERANCE = 0.5  # the mean running ratio (and the completed ratio) must b
 def run_asymmetric(conn, *, small_priority: int = 0, big_priority: int = 0,
                    big_jobs: int = BIG_JOBS, cap: int = ASYMMETRIC_CAP) -> Trace:
     """Queue ``big_jobs`` for project ``big`` first (bulk insert), then ``SMALL_JOBS`` for
-    ``small`` through ``sql.transitions.submit``; claim on a pool of 4 slots, completing the
+    ``small`` through ``pgdispatch.sql.transitions.submit``; claim on a pool of 4 slots, completing the
     oldest running job before each claim once full, until every small job has started or
     ``cap`` claims have been made."""
-    from sql import transitions
+    from pgdispatch.sql import transitions
 
     world = setup(conn, [ProjectSpec("big", big_jobs, priority=big_priority),
                                ProjectSpec("small", 0)],

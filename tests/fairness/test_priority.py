@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sql import transitions
+from pgdispatch.sql import transitions
 
 from .checks import SMALL_BOUND, check_small_project_starts_within, run_asymmetric
 from .workload import ProjectSpec, install_global_order, setup

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from sql import db, transitions
+from pgdispatch.sql import db, transitions
 
 from .checks import WEIGHTED_SLOTS, check_three_to_one, run_weighted
 from .workload import drive_concurrent, install_global_order, install_single_read, setup, weighted

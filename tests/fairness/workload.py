@@ -2,8 +2,8 @@
 on purpose: the support of tests/fairness (and of tests elsewhere that need a loaded pool),
 which ``bench/fairness.py`` runs at benchmark sizes.
 
-Jobs are claimed through ``sql.transitions.claim`` and completed through
-``sql.transitions.complete`` on real connections: one simulated runner over virtual time
+Jobs are claimed through ``pgdispatch.sql.transitions.claim`` and completed through
+``pgdispatch.sql.transitions.complete`` on real connections: one simulated runner over virtual time
 (``drive``) or real concurrent claim loops (``drive_concurrent``). The variants replace
 functions in the one database they are installed in (``tests/variants.py``).
 """
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sql import config, db, transitions
+from pgdispatch.sql import config, db, transitions
 
 from ..variants import variant_sql
 
@@ -86,7 +86,7 @@ def setup(conn, projects: Sequence[ProjectSpec], *, slots: int, interleave: bool
     enqueue every project's jobs: project after project in the order given, or with
     ``interleave`` one job of each project in turn.
 
-    Jobs go through pgd_submit (the function behind ``sql.transitions.submit``), one
+    Jobs go through pgd_submit (the function behind ``pgdispatch.sql.transitions.submit``), one
     statement per chunk of 1,000 with ANALYZE between chunks (a PL/pgSQL plan cached while the
     table was small would scan it whole for every later submit). With ``bulk_insert`` they are
     inserted directly, as queued jobs with pgd_submit's values: much faster, for tests.
@@ -201,8 +201,8 @@ def drive(conn, *, runner_id: int, pool_ids: Sequence[int], slots: int, claims: 
 
     A discrete-event loop over virtual time: each claimed job runs ``duration()`` virtual time
     units; when the runner is full, or a claim finds nothing, the job that ends first (the
-    oldest among equals) completes through ``sql.transitions.complete`` and the clock moves to
-    its end. Claims go through ``sql.transitions.claim`` on ``conn``. After each claim the
+    oldest among equals) completes through ``pgdispatch.sql.transitions.complete`` and the clock moves to
+    its end. Claims go through ``pgdispatch.sql.transitions.claim`` on ``conn``. After each claim the
     projects' running counters are read back from the database. Stops early when ``until``
     says so or nothing is left to claim or complete.
     """

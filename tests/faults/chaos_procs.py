@@ -116,7 +116,7 @@ class Fleet:
     def start_scheduler(self, name: str, db_url: str, *, pools: tuple[str, ...] = ("linux",),
                         slots: int = 3, grace_seconds: float = 1.0) -> Proc:
         """``python -m scheduler --pool … --slots N --name NAME --grace-seconds S``."""
-        argv = [sys.executable, "-m", "scheduler", "--slots", str(slots), "--name", name,
+        argv = [sys.executable, "-m", "pgdispatch.scheduler", "--slots", str(slots), "--name", name,
                 "--grace-seconds", str(grace_seconds)]
         for pool in pools:
             argv += ["--pool", pool]

@@ -6,7 +6,7 @@ schedule, step by step:
 
 * submits builds (some failing, some retried, some depending on earlier jobs, some needing
   approval) and deployments;
-* acts as operators on its own connection through ``sql.transitions``: pause and resume
+* acts as operators on its own connection through ``pgdispatch.sql.transitions``: pause and resume
   projects, cancel jobs, retry failed ones, approve, resolve uncertain targets;
 * injects faults: SIGKILL or SIGTERM of a scheduler (a replacement is started at once),
   ``pg_terminate_backend`` of a random pgdispatch backend (application_name
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sql import PgDispatchError, db, transitions
+from pgdispatch.sql import PgDispatchError, db, transitions
 
 from ..concurrency.harness import UNCONDITIONAL_SLOTS_SQL
 from ..factories import World

@@ -14,8 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from sql import db
-from sql.embedded import ensure_runtime_dir
+from pgdispatch.sql import db
+from pgdispatch.sql.embedded import ensure_runtime_dir
 
 
 def _server_user() -> str | None:

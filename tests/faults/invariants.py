@@ -49,7 +49,7 @@ def check_invariants(conn) -> list[str]:
     """Every invariant violation in the database ``conn`` points at, as ``"check: detail"``
     lines (check names in ``CHECKS``); empty when all hold.
 
-    ``conn`` is an idle autocommit connection (dict rows, as from ``sql.db.connect``); the
+    ``conn`` is an idle autocommit connection (dict rows, as from ``pgdispatch.sql.db.connect``); the
     checks run in one read-only repeatable-read transaction on it and change nothing.
     """
     with conn.transaction():

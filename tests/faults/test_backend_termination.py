@@ -30,7 +30,7 @@ from typing import Any, Callable
 import psycopg
 import pytest
 
-from sql import DatabaseUnavailable, db, transitions
+from pgdispatch.sql import DatabaseUnavailable, db, transitions
 
 from . import consistency, pause_point
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-from sql import transitions
+from pgdispatch.sql import transitions
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_S = 2.0

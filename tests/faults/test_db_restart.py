@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from sql import accounts, config, db, migrate
+from pgdispatch.sql import accounts, config, db, migrate
 
 from .chaos_procs import FAST_ENV, Fleet, free_port, http, wait_until
 from .chaos_runs import read_runs, reruns, run_command, runs_violations

@@ -5,10 +5,10 @@
    completion (job → target → attempt → organization stripes → pool stripes → debt rows,
    migration 0014) runs on the same job. The two wait for each other; PostgreSQL
    detects the cycle and aborts one transaction with SQLSTATE 40P01. The action runs in
-   ``sql.db.in_transaction``, so the retry path runs for real: the action's first try is the
+   ``pgdispatch.sql.db.in_transaction``, so the retry path runs for real: the action's first try is the
    victim (its ``deadlock_timeout`` is the shorter one), it is retried and completes, and the
    retry is counted in ``pgdispatch_transaction_retries_total`` and logged as a WARNING by
-   ``sql.db``. The server's own count (``pg_stat_database.deadlocks``) goes up by one: that
+   ``pgdispatch.sql.db``. The server's own count (``pg_stat_database.deadlocks``) goes up by one: that
    is the instrument of part 2, shown here to catch a lock-order violation.
 
 2. Several connections run the production transitions at random for ~10 s — claim,
@@ -31,7 +31,7 @@ from typing import Any
 
 from prometheus_client import REGISTRY
 
-from sql import Conflict, FencedOut, InvalidInput, audit, config, db, transitions
+from pgdispatch.sql import Conflict, FencedOut, InvalidInput, audit, config, db, transitions
 
 from . import consistency, pause_point
 
@@ -133,7 +133,7 @@ def test_a_real_deadlock_is_retried_counted_and_logged(world, db_url, caplog):
         except BaseException as exc:  # noqa: BLE001 - reported below
             results["completion"] = exc
 
-    with caplog.at_level(logging.WARNING, logger="sql.db"):
+    with caplog.at_level(logging.WARNING, logger="pgdispatch.sql.db"):
         priority = db.in_transaction(operator, reprioritize, job_id=job["id"], org_id=org_id,
                                      before_job_lock=before_job_lock,
                                      tx_name="test_reprioritize")
@@ -156,7 +156,7 @@ def test_a_real_deadlock_is_retried_counted_and_logged(world, db_url, caplog):
     # counted, logged, and seen by the server
     assert retries("test_reprioritize") == action_retries + 1
     assert retries("complete") == complete_retries
-    warnings = [r for r in caplog.records if r.name == "sql.db" and r.levelno == logging.WARNING]
+    warnings = [r for r in caplog.records if r.name == "pgdispatch.sql.db" and r.levelno == logging.WARNING]
     assert [r.getMessage() for r in warnings] == [
         f"test_reprioritize: DeadlockDetected (SQLSTATE 40P01), retry 1 of {db.MAX_TRIES - 1}"]
     wait_for(lambda: deadlocks(world.conn) == deadlocks_before + 1,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import pytest
 
-from sql import transitions
+from pgdispatch.sql import transitions
 
 from .chaos_runs import reruns, runs_violations
 from .invariants import CHECKS, check_invariants, max_overlap

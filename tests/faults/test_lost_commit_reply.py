@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from sql import DatabaseUnavailable, db, transitions
+from pgdispatch.sql import DatabaseUnavailable, db, transitions
 
 
 def test_claim_commit_lost_is_recovered_by_token(world, proxy):

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from sql import db
+from pgdispatch.sql import db
 
 from .chaos_procs import ROOT, Fleet
 from .chaos_proxy import ChaosProxy
@@ -96,8 +96,8 @@ def test_the_schedule_catches_a_claim_without_conditional_capacity(chaos, capsys
 
 VICTIM = """
 import sys, time
-import sql.db
-from sql import transitions
+import pgdispatch.sql.db as db
+from pgdispatch.sql import transitions
 sql.db.IDLE_IN_TRANSACTION_TIMEOUT_S = float(sys.argv[2])  # short, for the test
 conn = sql.db.connect(sys.argv[1])
 with conn.transaction():

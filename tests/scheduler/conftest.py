@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from scheduler.executor import ExecutionResult
-from scheduler.main import Scheduler
-from sql import Settings
+from pgdispatch.scheduler.executor import ExecutionResult
+from pgdispatch.scheduler.main import Scheduler
+from pgdispatch.sql import Settings
 
 # Short lease and fast intervals, so that every rule shows within a second or two.
 FAST = Settings(lease_seconds=3.0, heartbeat_seconds=1.0, claim_interval_seconds=0.2,

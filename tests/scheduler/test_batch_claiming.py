@@ -20,11 +20,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from scheduler.claiming import Claimer
-from scheduler.main import Scheduler
-from scheduler.reporting import CompletionReporter
-from sql import DatabaseUnavailable, FencedOut, InvalidInput, db, transitions
-from sql.scheduling import make_scheduler_pool
+from pgdispatch.scheduler.claiming import Claimer
+from pgdispatch.scheduler.main import Scheduler
+from pgdispatch.scheduler.reporting import CompletionReporter
+from pgdispatch.sql import DatabaseUnavailable, FencedOut, InvalidInput, db, transitions
+from pgdispatch.sql.scheduling import make_scheduler_pool
 
 from ..concurrency.harness import Watcher, attempt_shapes, limits, max_overlaps
 from ..faults import consistency

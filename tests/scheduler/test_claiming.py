@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from scheduler.claiming import Claimer
-from sql import db, transitions
-from sql.scheduling import make_scheduler_pool
+from pgdispatch.scheduler.claiming import Claimer
+from pgdispatch.sql import db, transitions
+from pgdispatch.sql.scheduling import make_scheduler_pool
 
 from .conftest import FAST
 

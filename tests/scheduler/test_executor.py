@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from sql import transitions
+from pgdispatch.sql import transitions
 
 from .conftest import FAST, group_is_alive, is_alive, wait_for_file
 

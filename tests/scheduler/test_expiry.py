@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from scheduler.expiry import expire_lapsed_leases
-from sql.scheduling import make_scheduler_pool
+from pgdispatch.scheduler.expiry import expire_lapsed_leases
+from pgdispatch.sql.scheduling import make_scheduler_pool
 
 from .conftest import FAST, wait_until
 

@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from scheduler.main import run
-from sql import NotFound
+from pgdispatch.scheduler.main import run
+from pgdispatch.sql import NotFound
 
 from .conftest import FAST, group_is_alive, wait_until
 

@@ -126,8 +126,8 @@ def test_metrics_port_in_use_or_invalid_fails_cleanly_and_registers_nothing(worl
 def test_the_exporter_counts_what_its_scheduler_reports(db_url, world):
     """In process: the hooks chain before the scheduler's own callbacks, and close() frees
     the port."""
-    from scheduler.main import Scheduler
-    from scheduler.metrics import Exporter
+    from pgdispatch.scheduler.main import Scheduler
+    from pgdispatch.scheduler.metrics import Exporter
 
     from .conftest import FAST
 

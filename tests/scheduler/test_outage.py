@@ -7,7 +7,7 @@ import dataclasses
 import time
 from urllib.parse import urlsplit
 
-from sql import db
+from pgdispatch.sql import db
 
 from .conftest import FAST, group_is_alive, wait_until
 

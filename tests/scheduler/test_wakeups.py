@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from scheduler.main import Scheduler
-from sql import db, transitions
+from pgdispatch.scheduler.main import Scheduler
+from pgdispatch.sql import db, transitions
 
 from .conftest import FAST, wait_until
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import subprocess
 import time
 
-from scheduler.heartbeats import Heartbeat, fence_margin_seconds
-from scheduler.watchdog import Watchdog
-from sql import Settings, db
-from sql.scheduling import make_scheduler_pool
+from pgdispatch.scheduler.heartbeats import Heartbeat, fence_margin_seconds
+from pgdispatch.scheduler.watchdog import Watchdog
+from pgdispatch.sql import Settings, db
+from pgdispatch.sql.scheduling import make_scheduler_pool
 
 from .conftest import wait_until
 

@@ -71,7 +71,7 @@ def function_source(name: str) -> str:
     Raises:
         AssertionError: the files define ``name`` other than exactly once.
     """
-    from sql import migrate
+    from pgdispatch.sql import migrate
 
     head = f"CREATE OR REPLACE FUNCTION {name}("
     found = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from sql import db, transitions
+from pgdispatch.sql import db, transitions
 
 
 def tokens(n: int) -> list[str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sql import InvalidInput
-from sql.config import apply_config
+from pgdispatch.sql import InvalidInput
+from pgdispatch.sql.config import apply_config
 
 ENV = {"ALICE_PASSWORD": "correct horse battery", "BOB_PASSWORD": "tr0ub4dor&3"}
 

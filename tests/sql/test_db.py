@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from sql import DatabaseUnavailable, InvalidInput, db
+from pgdispatch.sql import DatabaseUnavailable, InvalidInput, db
 
 
 @pytest.fixture

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from sql import reads, transitions
-from sql.explain import REASON_CODES, explain_job
+from pgdispatch.sql import reads, transitions
+from pgdispatch.sql.explain import REASON_CODES, explain_job
 
 HHMMSS = r"\d\d:\d\d:\d\d UTC"
 

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from sql import migrate, reads, transitions
+from pgdispatch.sql import migrate, reads, transitions
 
 from .plans import analyze_all, explain, pin_planner, plan_nodes, quiet_autovacuum
 

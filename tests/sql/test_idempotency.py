@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from sql import db, transitions
-from sql.errors import Conflict, NotFound
+from pgdispatch.sql import db, transitions
+from pgdispatch.sql.errors import Conflict, NotFound
 
 from .catalog import function_source
 

@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from sql import db, migrate, transitions
-from sql.validate import JOB_STATES
+from pgdispatch.sql import db, migrate, transitions
+from pgdispatch.sql.validate import JOB_STATES
 
 from ..conftest import with_database
 

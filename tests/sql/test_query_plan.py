@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from sql import db, transitions
+from pgdispatch.sql import db, transitions
 
 from ..variants import function_sql, variant_sql
 from .plans import analyze_all, explain, pin_planner, plan_nodes, quiet_autovacuum

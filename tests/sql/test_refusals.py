@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from sql import transitions
-from sql.errors import AlreadyResolved
+from pgdispatch.sql import transitions
+from pgdispatch.sql.errors import AlreadyResolved
 
 UTC_TIME = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC"
 

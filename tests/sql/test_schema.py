@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from sql import db, migrate
+from pgdispatch.sql import db, migrate
 
 from ..conftest import with_database
 from .catalog import describe, differences

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from sql import db, limits, reads
-from sql.explain import explain_job
-from sql.queries import Q
+from pgdispatch.sql import db, limits, reads
+from pgdispatch.sql.explain import explain_job
+from pgdispatch.sql.queries import Q
 
 from ..faults import consistency
 from ..faults.invariants import check_invariants

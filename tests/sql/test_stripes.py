@@ -12,7 +12,7 @@ import time
 import psycopg
 import pytest
 
-from sql import db, limits, transitions
+from pgdispatch.sql import db, limits, transitions
 
 
 def stripes(conn, kind: str) -> list[tuple[int, int]]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sql import AlreadyResolved, Conflict, FencedOut, InvalidInput, NotFound, transitions
-from sql.explain import explain_job
+from pgdispatch.sql import AlreadyResolved, Conflict, FencedOut, InvalidInput, NotFound, transitions
+from pgdispatch.sql.explain import explain_job
 
 
 def test_claim_runs_the_job_and_reserves_capacity(world):
@@ -233,7 +233,7 @@ def test_cancel_cascade_reaches_a_dependent_submitted_while_it_waited(world, db_
     C's edge: C ends cancelled, not blocked forever."""
     import threading
 
-    from sql import db
+    from pgdispatch.sql import db
 
     world.setup()
     a = world.job()

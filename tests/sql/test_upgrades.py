@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from sql import IncompatibleDatabase, db, migrate, transitions
+from pgdispatch.sql import IncompatibleDatabase, db, migrate, transitions
 
 from ..faults import consistency
 from ..factories import World

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sql.errors import InvalidInput
-from sql.validate import MAX_BATCH_LIMIT, check_int, check_max_batch, check_number
+from pgdispatch.sql.errors import InvalidInput
+from pgdispatch.sql.validate import MAX_BATCH_LIMIT, check_int, check_max_batch, check_number
 
 
 @pytest.mark.parametrize("text, value", [("12", 12), (" 12 ", 12), ("+3", 3), ("0", 0), (7.0, 7)])

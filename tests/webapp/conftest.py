@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from sql import Settings
-from webapp import create_app, shutdown
+from pgdispatch.sql import Settings
+from pgdispatch.webapp import create_app, shutdown
 
 from .support import ensure_account
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 
-from sql import transitions
-from sql.accounts import hash_password
+from pgdispatch.sql import transitions
+from pgdispatch.sql.accounts import hash_password
 
 
 def make_uncertain_target(world, target: str = "production", *, project: str = "web") -> dict:
@@ -38,7 +38,7 @@ def _password_hash(password: str) -> str:
 
 def ensure_account(conn, username: str, password: str, role: str) -> None:
     """Create or update an account; each password is argon2-hashed once per test session
-    (0.1–0.5 s a hash on this machine), the same stored form ``sql.accounts.upsert_user``
+    (0.1–0.5 s a hash on this machine), the same stored form ``pgdispatch.sql.accounts.upsert_user``
     writes."""
     conn.execute("INSERT INTO users (username, password_hash, role) VALUES (%s, %s, %s) "
                  "ON CONFLICT (username) DO UPDATE SET password_hash = excluded.password_hash, "

@@ -6,8 +6,8 @@ import json
 import re
 import threading
 
-from sql import AlreadyResolved, Conflict, db, limits
-from sql.accounts import create_api_token, set_user_role, token_digest
+from pgdispatch.sql import AlreadyResolved, Conflict, db, limits
+from pgdispatch.sql.accounts import create_api_token, set_user_role, token_digest
 
 from .conftest import csrf_from, login
 from .support import count

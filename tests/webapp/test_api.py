@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from sql.accounts import create_api_token
-from sql.explain import REASON_CODES
+from pgdispatch.sql.accounts import create_api_token
+from pgdispatch.sql.explain import REASON_CODES
 
 from .support import count, ensure_account, make_uncertain_target
 

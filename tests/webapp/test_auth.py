@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from webapp import create_app, shutdown
+from pgdispatch.webapp import create_app, shutdown
 
 from .conftest import TEST_SETTINGS, csrf_from, login
 from .support import count

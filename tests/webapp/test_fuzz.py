@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from sql import transitions
-from sql.accounts import create_api_token
+from pgdispatch.sql import transitions
+from pgdispatch.sql.accounts import create_api_token
 
 from .support import ensure_account, make_uncertain_target
 

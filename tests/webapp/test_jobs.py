@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sql import transitions
+from pgdispatch.sql import transitions
 
 from .support import count
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from sql import transitions
+from pgdispatch.sql import transitions
 
 from tests.conftest import with_database
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from sql import reads, transitions
-from sql.explain import REASON_CODES
+from pgdispatch.sql import reads, transitions
+from pgdispatch.sql.explain import REASON_CODES
 
 from .support import make_uncertain_target
 

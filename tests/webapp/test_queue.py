@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from sql import transitions
+from pgdispatch.sql import transitions
 
 
 def _ids(html: str) -> list[int]:

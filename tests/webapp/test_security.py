@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from sql import transitions
-from sql.accounts import create_api_token, token_digest
+from pgdispatch.sql import transitions
+from pgdispatch.sql.accounts import create_api_token, token_digest
 
 from .conftest import PASSWORDS, csrf_from, login
 from .support import make_uncertain_target

@@ -1,4 +1,4 @@
-"""The console under gunicorn (``webapp.serve.serve``) and the ``webapp.wsgi`` entry point."""
+"""The console under gunicorn (``pgdispatch.webapp.serve.serve``) and the ``pgdispatch.webapp.wsgi`` entry point."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_serve_runs_gunicorn_workers_and_stops_on_sigterm(db_url, tmp_path):
 
 
 def test_wsgi_module_builds_the_app_from_the_environment(db_url):
-    code = "import webapp.wsgi as w; print(sorted(w.app.blueprints))"
+    code = "import pgdispatch.webapp.wsgi as w; print(sorted(w.app.blueprints))"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True,
                          text=True, timeout=60,
                          env=_env(DATABASE_URL=db_url, PGDISPATCH_SECRET_KEY="wsgi-test-key-0123456789"))

@@ -35,7 +35,8 @@ from prometheus_client import (CollectorRegistry, Counter, GCCollector, Platform
                                ProcessCollector, start_http_server)
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-import pgdispatch.sql.metrics as metrics
+import pgdispatch.sql.metrics
+from pgdispatch import sql
 from pgdispatch.sql import InvalidInput
 
 log = logging.getLogger(__name__)

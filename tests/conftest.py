@@ -60,22 +60,10 @@ _counter = itertools.count()
 # here does to this server; a committed transaction is still visible to every session at once.
 NOT_DURABLE = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 
-# Modules that other work is rewriting now: every test in them keeps a database of its own,
-# as before the rolled-back default, until they are reviewed for it.
-OWN_DATABASE_MODULES = ("tests/fairness/", "tests/sql/test_migrations.py",
-                        "tests/sql/test_query_plan.py", "tests/sql/test_slot_readers.py")
-
-
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "own_database: conn and world commit into a fresh database of this test's "
                    "own instead of a rolled-back transaction (tests/conftest.py)")
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.nodeid.startswith(OWN_DATABASE_MODULES):
-            item.add_marker(pytest.mark.own_database)
 
 
 def with_database(url: str, name: str) -> str:

@@ -18,7 +18,7 @@ from flask import Flask
 from flask.json.provider import DefaultJSONProvider
 
 from pgdispatch import sql
-import pgdispatch.sql.embedded as embedded
+import pgdispatch.sql.embedded
 ROOT = Path(__file__).resolve().parent.parent
 TRUTHY = ("1", "true", "yes", "on")
 

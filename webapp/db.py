@@ -7,7 +7,8 @@ import threading
 
 from flask import Flask, current_app, g
 
-import pgdispatch.sql.db as db
+import pgdispatch.sql.db
+from pgdispatch import sql
 _lock = threading.Lock()
 _KEY = "pgdispatch.pool"
 

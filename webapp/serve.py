@@ -7,7 +7,7 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 
 from pgdispatch import sql
-import pgdispatch.sql.embedded as embedded
+import pgdispatch.sql.embedded
 from . import create_app
 
 

@@ -96,7 +96,8 @@ def test_the_schedule_catches_a_claim_without_conditional_capacity(chaos, capsys
 
 VICTIM = """
 import sys, time
-import pgdispatch.sql.db as db
+import pgdispatch.sql.db
+from pgdispatch import sql
 from pgdispatch.sql import transitions
 sql.db.IDLE_IN_TRANSACTION_TIMEOUT_S = float(sys.argv[2])  # short, for the test
 conn = sql.db.connect(sys.argv[1])

@@ -1,7 +1,7 @@
-"""Readers of an organization's or a pool's ``running`` after migration 0008: the number of
-its held slots (pgd_organization_running, pgd_pool_running; since migration 0014 the sum of
-its stripes' held counts), under the same key and with the same meaning as the dropped
-counter columns, a held slot above a lowered limit included."""
+"""Readers of an organization's or a pool's running count: the slots its capacity stripes
+hold (pgd_organization_running, pgd_pool_running; sql/functions/capacity.sql), a held slot
+above a lowered limit included, as every list, the overview, explain and the consistency
+checks read it."""
 
 from __future__ import annotations
 
@@ -89,6 +89,7 @@ def test_lock_before_a_limit_change_still_locks_the_row(world, db_url, kind):
             assert getattr(info.value, "sqlstate", None) == "55P03"
 
 
+@pytest.mark.own_database  # the consistency checks set their isolation level
 def test_consistency_checks_read_the_stripes(world):
     """tests/faults' checkers (consistency.violations, invariants.check_invariants) hold an
     organization's and a pool's held slots to their running attempts, stripe by stripe: each

@@ -173,3 +173,21 @@ def conn(request):
 def world(conn):
     """Factories for organizations, pools, projects, targets, runners and jobs."""
     return World(conn)
+
+
+@pytest.fixture
+def new_database(server_url):
+    """A factory of new, empty databases (from template1), dropped after the test."""
+    names: list[str] = []
+
+    def make() -> str:
+        name = f"pgd_test_new_{uuid.uuid4().hex[:8]}"
+        with db.connect(server_url) as conn:
+            conn.execute(f"CREATE DATABASE {name}")
+        names.append(name)
+        return with_database(server_url, name)
+
+    yield make
+    with db.connect(server_url) as conn:
+        for name in names:
+            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -11,14 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
-import uuid
 from pathlib import Path
-
-import pytest
-
-from pgdispatch.sql import db
-
-from .conftest import with_database
 
 ROOT = Path(__file__).resolve().parent.parent
 BARE = {"sql", "scheduler", "webapp"}
@@ -50,16 +43,6 @@ def test_no_module_imports_the_bare_folder_names():
     assert offenders == {}
 
 
-@pytest.fixture
-def empty_database(server_url):
-    name = f"pgd_test_wheel_{uuid.uuid4().hex[:8]}"
-    with db.connect(server_url) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield with_database(server_url, name)
-    with db.connect(server_url) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
 CLAIM = textwrap.dedent("""
     import json, os, scheduler
     from pgdispatch.sql import db, transitions
@@ -74,10 +57,11 @@ CLAIM = textwrap.dedent("""
 """)
 
 
-def test_the_wheel_installs_beside_pypi_scheduler_and_claims(tmp_path, empty_database):
+def test_the_wheel_installs_beside_pypi_scheduler_and_claims(tmp_path, new_database):
     """Built as a wheel and installed into a clean venv together with PyPI's `scheduler`,
     pgdispatch migrates an empty database from the files it ships, takes a job and claims
     it; `import scheduler` there is PyPI's, ours is pgdispatch.scheduler."""
+    empty_database = new_database()
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
                     "-w", str(wheels), str(ROOT)], check=True, capture_output=True, timeout=300)

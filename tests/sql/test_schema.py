@@ -7,32 +7,12 @@ from __future__ import annotations
 
 import re
 import shutil
-import uuid
 
 import pytest
 
 from pgdispatch.sql import db, migrate
 
-from ..conftest import with_database
 from .catalog import describe, differences
-
-
-@pytest.fixture
-def new_database(server_url):
-    """A factory of new, empty databases (from template1), dropped after the test."""
-    names: list[str] = []
-
-    def make() -> str:
-        name = f"pgd_test_schema_{uuid.uuid4().hex[:8]}"
-        with db.connect(server_url) as conn:
-            conn.execute(f"CREATE DATABASE {name}")
-        names.append(name)
-        return with_database(server_url, name)
-
-    yield make
-    with db.connect(server_url) as conn:
-        for name in names:
-            conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def from_readable_files(url: str, schema_text: str | None = None) -> None:

@@ -139,11 +139,11 @@ def _upgrade_in_thread(url: str, **dirs) -> tuple[threading.Thread, dict]:
     return thread, result
 
 
-def test_an_upgrade_that_deadlocks_with_a_transition_in_flight_is_tried_again(db_url, tmp_path):
-    """A transaction that has locked an attempt row (as a completion does after its job)
-    and then locks a job row closes a cycle with the upgrade, which holds jobs and waits for
-    attempts. The upgrade waited first, so PostgreSQL aborts it (40P01); `db upgrade` rolls
-    it back, tries again once the other has committed, and applies it."""
+def upgrade_into_a_cycle(db_url: str, tmp_path) -> tuple[dict, int]:
+    """Run the example upgrade while a transaction that has locked an attempt row (as a
+    completion does after its job) goes on to lock a job row: a cycle with the upgrade,
+    which holds jobs and waits for attempts. Returns what the upgrade answered and how many
+    deadlocks the database counted meanwhile."""
     migrations, functions = example_upgrade(tmp_path)
     with db.connect(db_url, application_name="inflight-completion") as inflight, \
             db.connect(db_url) as watcher:
@@ -151,8 +151,12 @@ def test_an_upgrade_that_deadlocks_with_a_transition_in_flight_is_tried_again(db
         world.setup()
         job = world.job()
         world.claim(world.runner())
-        deadlocks = watcher.execute("SELECT deadlocks FROM pg_stat_database"
-                                    " WHERE datname = current_database()").fetchone()["deadlocks"]
+
+        def deadlocks() -> int:
+            return watcher.execute("SELECT deadlocks FROM pg_stat_database"
+                                   " WHERE datname = current_database()").fetchone()["deadlocks"]
+
+        before = deadlocks()
         inflight.execute("BEGIN")
         inflight.execute("SELECT 1 FROM attempts FOR NO KEY UPDATE")
         upgrader, result = _upgrade_in_thread(db_url, migrations_dir=migrations, functions_dir=functions)
@@ -161,11 +165,16 @@ def test_an_upgrade_that_deadlocks_with_a_transition_in_flight_is_tried_again(db
         inflight.execute("COMMIT")
         upgrader.join(60)
         assert not upgrader.is_alive()
-        assert "error" not in result, result
-        assert result["applied"] == ["0002_example"]
-        after = watcher.execute("SELECT deadlocks FROM pg_stat_database"
-                                " WHERE datname = current_database()").fetchone()["deadlocks"]
-        assert after > deadlocks, "no deadlock happened: the test did not exercise the retry"
+        return result, deadlocks() - before
+
+
+def test_an_upgrade_that_deadlocks_with_a_transition_in_flight_is_tried_again(db_url, tmp_path):
+    """The upgrade waited first, so PostgreSQL aborts it (40P01); `db upgrade` rolls it
+    back, tries again once the other transaction has committed, and applies it."""
+    result, deadlocks = upgrade_into_a_cycle(db_url, tmp_path)
+    assert "error" not in result, result
+    assert result["applied"] == ["0002_example"]
+    assert deadlocks > 0, "no deadlock happened: the test did not exercise the retry"
 
 
 def test_an_upgrade_that_times_out_behind_a_long_transaction_is_tried_again(db_url, tmp_path):
@@ -188,23 +197,16 @@ def test_an_upgrade_that_times_out_behind_a_long_transaction_is_tried_again(db_u
 
 
 def test_without_the_retry_the_deadlocked_upgrade_fails(db_url, tmp_path, monkeypatch):
-    """The check above can fail: with one try, the same cycle makes `db upgrade` raise."""
+    """The check above can fail: with one try, the same cycle makes `db upgrade` raise, and
+    nothing of the upgrade is left."""
     monkeypatch.setattr(migrate, "UPGRADE_TRIES", 1)
-    migrations, functions = example_upgrade(tmp_path)
-    with db.connect(db_url) as inflight, db.connect(db_url) as watcher:
-        world = World(watcher)
-        world.setup()
-        job = world.job()
-        world.claim(world.runner())
-        inflight.execute("BEGIN")
-        inflight.execute("SELECT 1 FROM attempts FOR NO KEY UPDATE")
-        upgrader, result = _upgrade_in_thread(db_url, migrations_dir=migrations, functions_dir=functions)
-        _watch_for_lock_wait(watcher, "LOCK TABLE jobs")
-        inflight.execute("SELECT 1 FROM jobs WHERE id = %s FOR NO KEY UPDATE", (job["id"],))
-        inflight.execute("COMMIT")
-        upgrader.join(60)
+    result, deadlocks = upgrade_into_a_cycle(db_url, tmp_path)
     assert "applied" not in result and migrate._sqlstate(result["error"]) == "40P01"
+    assert deadlocks > 0
     assert migrate.applied_migrations(db_url) == ["0001_baseline"]
+    with db.connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) AS n FROM information_schema.columns "
+                            "WHERE column_name = 'claimed_by_body'").fetchone()["n"] == 0
 
 
 def _snapshot(conn) -> dict:
@@ -238,22 +240,11 @@ def test_a_database_made_before_0_1_0_is_refused_and_left_alone(db_url, tmp_path
         assert _snapshot(conn) == before
 
 
-def test_a_database_with_jobs_but_no_migration_record_is_refused(new_empty_url):
-    with db.connect(new_empty_url) as conn:
+def test_a_database_with_jobs_but_no_migration_record_is_refused(new_database):
+    url = new_database()
+    with db.connect(url) as conn:
         conn.execute("CREATE TABLE jobs (id bigint)")
     with pytest.raises(IncompatibleDatabase, match="no record of pgdispatch migrations"):
-        migrate.upgrade(new_empty_url)
-    with db.connect(new_empty_url) as conn:
+        migrate.upgrade(url)
+    with db.connect(url) as conn:
         assert conn.execute("SELECT to_regclass('organizations') AS t").fetchone()["t"] is None
-
-
-@pytest.fixture
-def new_empty_url(server_url):
-    from ..conftest import with_database
-
-    name = f"pgd_test_empty_{time.monotonic_ns()}"
-    with db.connect(server_url) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield with_database(server_url, name)
-    with db.connect(server_url) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

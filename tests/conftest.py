@@ -9,6 +9,7 @@ and ``world`` write follows one rule:
   transaction (``pgdispatch.sql.db.transition``): once, without a transaction of its own, so a refusal
   from the database aborts the test's transaction. A test that goes on after an expected
   refusal gives that call a savepoint: ``with pytest.raises(FencedOut), conn.transaction():``.
+  A test that ends the transaction itself (a COMMIT) fails.
 * **Own database**: a test that shares its database with another connection — it asks for
   ``db_url`` or for a fixture built on it (``app``, ``start_scheduler``, ``proxy``,
   ``live_server``) — or that is marked ``own_database`` gets a fresh ``CREATE DATABASE …
@@ -18,9 +19,9 @@ and ``world`` write follows one rule:
 Mark a test ``own_database`` (a module: ``pytestmark = pytest.mark.own_database``) when it
 depends on what only commits give, even on one connection: ``now()`` moving on (it is the
 transaction's start time, so a backoff or ``ready_at`` never passes inside one), NOTIFY
-(delivered at commit), statements refused in a transaction block (VACUUM, CREATE INDEX
-CONCURRENTLY, SET TRANSACTION ISOLATION LEVEL), ids counted from 1 (a rollback does not give
-sequence values back), or a plan chosen from statistics (ANALYZE writes a table's row count
+(delivered at commit), statements refused inside a transaction block (VACUUM, CREATE INDEX
+CONCURRENTLY) or needing a transaction of their own (SET TRANSACTION ISOLATION LEVEL), ids
+counted from 1 (a rollback does not give sequence values back), or a plan chosen from statistics (ANALYZE writes a table's row count
 in place, outside the transaction, and autovacuum of the shared database, woken by earlier
 tests' rolled-back rows, may overwrite it during the test).
 

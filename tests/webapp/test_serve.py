@@ -30,7 +30,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def test_serve_runs_gunicorn_workers_and_stops_on_sigterm(db_url, tmp_path):
     port = _free_port()
-    code = ("import sys; from sql import Settings; from webapp.serve import serve; "
+    code = ("import sys; from pgdispatch.sql import Settings; from pgdispatch.webapp.serve import serve; "
             f"serve(Settings(data_dir=__import__('pathlib').Path({str(tmp_path)!r})), "
             f"database_url=sys.argv[1], bind='127.0.0.1:{port}', workers=2)")
     proc = subprocess.Popen([sys.executable, "-c", code, db_url], cwd=tmp_path, env=_env(),

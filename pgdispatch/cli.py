@@ -119,16 +119,20 @@ def db() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def db_upgrade(obj: Context, as_json: bool) -> None:
-    """Apply pending migrations (safe to run from several hosts at once)."""
+    """Apply pending migrations and load changed function files (safe to run from several
+    hosts at once, and under live traffic)."""
     from pgdispatch.sql import migrate
 
     url = obj.server_url
     applied = migrate.upgrade(url)
     if as_json:
-        emit({"applied": applied, "current": migrate.applied_migrations(url)})
+        emit({"applied": list(applied), "functions_reloaded": applied.functions_reloaded,
+              "current": migrate.applied_migrations(url)})
+    elif applied or applied.functions_reloaded:
+        click.echo(f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else "")
+                   + "; loaded the function files (sql/functions)")
     else:
-        click.echo(f"applied {len(applied)} migration(s)" + (": " + ", ".join(applied) if applied else
-                                                             " (schema up to date)"))
+        click.echo("applied 0 migration(s) (schema and functions up to date)")
 
 
 @cli.command("apply")

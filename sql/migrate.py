@@ -124,10 +124,18 @@ def _check_compatible(conn, known: set[str]) -> None:
         f"{' …' if len(unknown) > 3 else ''}): it was upgraded by a newer version; run that one")
 
 
+class Applied(list):
+    """The migration ids an upgrade applied, in order (a list), and whether it reloaded the
+    function files (``functions_reloaded``)."""
+
+    functions_reloaded: bool = False
+
+
 def upgrade(url: str, *, migrations_dir: Path = MIGRATIONS_DIR,
-            functions_dir: Path = FUNCTIONS_DIR) -> list[str]:
+            functions_dir: Path = FUNCTIONS_DIR) -> Applied:
     """Apply pending migrations and reload changed function files; return the migration ids
-    applied (empty when none was pending, even if functions were reloaded).
+    applied (empty when none was pending), with ``functions_reloaded`` saying whether the
+    function files were loaded.
 
     One transaction does all of it: the UPGRADE_LOCKS (see there; LOCK_TIMEOUT), every
     pending migration, then every function file when their digest differs from the one the
@@ -173,10 +181,12 @@ def upgrade(url: str, *, migrations_dir: Path = MIGRATIONS_DIR,
             lock_conn.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_LOCK_KEY,))
     for mid in applied:
         log.info("applied migration %s", mid)
+    if applied.functions_reloaded:
+        log.info("loaded the function files (%s)", digest[:12])
     return applied
 
 
-def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: str) -> list[str]:
+def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: str) -> Applied:
     """One try of ``upgrade`` on yoyo's connection, in one transaction; the ids applied."""
     pending = backend.to_apply(migrations)
     conn = backend.connection  # psycopg: no placeholder parsing without parameters
@@ -185,7 +195,7 @@ def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: s
                      " digest text NOT NULL, loaded_at timestamptz NOT NULL DEFAULT now())")
         loaded = conn.execute("SELECT digest FROM _pgdispatch_definitions").fetchone()
         if not pending and loaded is not None and loaded[0] == digest:
-            return []
+            return Applied()
         conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         existing = [t for t in UPGRADE_LOCKS
                     if conn.execute("SELECT to_regclass(%s)", (t,)).fetchone()[0] is not None]
@@ -204,7 +214,9 @@ def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: s
             conn.execute(text)
         conn.execute("DELETE FROM _pgdispatch_definitions")
         conn.execute("INSERT INTO _pgdispatch_definitions (digest) VALUES (%s)", (digest,))
-    return [m.id for m in pending]
+    applied = Applied(m.id for m in pending)
+    applied.functions_reloaded = True
+    return applied
 
 
 def applied_migrations(url: str) -> list[str]:

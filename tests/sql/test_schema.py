@@ -96,12 +96,14 @@ def test_editing_a_function_file_and_upgrading_changes_a_live_database(db_url, t
         before = conn.execute("SELECT pgd_last_actor('nothing') AS a, loaded_at "
                               "FROM _pgdispatch_definitions").fetchone()
         assert before["a"] == "another actor"
-    assert migrate.upgrade(db_url, functions_dir=functions) == []
+    reloaded = migrate.upgrade(db_url, functions_dir=functions)
+    assert reloaded == [] and reloaded.functions_reloaded
     with db.connect(db_url) as conn:
         after = conn.execute("SELECT pgd_last_actor('nothing') AS a, loaded_at "
                              "FROM _pgdispatch_definitions").fetchone()
     assert after["a"] == "someone else" and after["loaded_at"] > before["loaded_at"]
-    assert migrate.upgrade(db_url, functions_dir=functions) == []
+    again_applied = migrate.upgrade(db_url, functions_dir=functions)
+    assert again_applied == [] and not again_applied.functions_reloaded
     with db.connect(db_url) as conn:
         again = conn.execute("SELECT loaded_at FROM _pgdispatch_definitions").fetchone()
     assert again["loaded_at"] == after["loaded_at"]  # nothing to do: not even reloaded

@@ -33,8 +33,8 @@ Cycles (``@cycle`` registers one; each becomes two series, limits free and limit
 
 Limits: *free* sets organization ``max_running`` and pool ``slots`` to 100,000 (checked by
 every claim, never reached) and gives the projects no bound of their own (the default: a
-project bound makes that project's claims take turns, migration 0011, so until then it was
-100,000 too); *binding* sets the
+project bound makes that project's claims take turns, sql/functions/capacity.sql, so until
+the project claim lock went in it was 100,000 too); *binding* sets the
 organization and the pool to ⌈N/2⌉ and each project to ⌈N/4⌉, so that about half of the
 workers' claims find no capacity (at N = 1 nothing can bind: one loop holds one job at a
 time). A worker whose claim finds nothing while jobs are still queued sleeps
@@ -136,9 +136,10 @@ def one_per_transaction(conn, loop: Loop) -> int:
 
 
 def batched(size: int) -> Cycle:
-    """The batched transitions (claim_batch, migrations/0003; complete_batch, 0004): claim up
-    to ``size`` jobs of one (project, pool) in one transaction, then complete them all in one
-    — what a scheduler with ``size`` free slots does (scheduler/claiming.py)."""
+    """The batched transitions (claim_batch, sql/functions/claim.sql; complete_batch,
+    sql/functions/complete.sql): claim up to ``size`` jobs of one (project, pool) in one
+    transaction, then complete them all in one — what a scheduler with ``size`` free slots does
+    (scheduler/claiming.py)."""
 
     def run(conn, loop: Loop) -> int:
         claims = transitions.claim_batch(conn, runner_id=loop.runner_id, pools=loop.pool_ids,

@@ -60,8 +60,8 @@ Variants (``all_variants``; the ratio of each is taken against the one named in 
   the run's database) with ``--slots`` rows for the organization and as many for the pool; the
   claim takes the lowest free slot of each with ``FOR UPDATE SKIP LOCKED``, in the statement
   that takes the job, and marks both with the job id; the completion frees them by key. No
-  project accounting. The table is the bench's own, not the product's slot rows of migration
-  0008 (``organization_slots`` / ``pool_slots``, replaced by ``capacity_stripes`` in 0014):
+  project accounting. The table is the bench's own, not the product's former slot rows
+  (``organization_slots`` / ``pool_slots``, since replaced by ``capacity_stripes``):
   its ``job_id`` is not indexed, so taking and freeing a slot are HOT updates, and the claim
   takes both slots in one statement; what ``product`` pays for the product's capacity is in
   its own ratio.

@@ -48,8 +48,8 @@ from .common import (RESULTS_DIR, ROOT, Bench, bench_server, git_commit, machine
                      pgbench_version, server_settings, version)
 
 CHART = ROOT / "docs" / "benchmarks.png"
-# "prototype" (bench/prototypes.py, retired with migration 0008): only in saved results, which
-# `python -m bench report` can still print and draw (here and in chart's styles)
+# "prototype" (bench/prototypes.py, retired when the product took slot rows): only in saved
+# results, which `python -m bench report` can still print and draw (here and in chart's styles)
 KIND_ORDER = {"pgdispatch": 0, "prototype": 1, "peer": 2, "ceiling": 3}
 
 FULL = {"clients": "1,4,8,16", "repeats": 3, "jobs": 10_000, "tpcb_seconds": 10.0,

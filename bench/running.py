@@ -17,8 +17,8 @@ the first N's.
 
 Why: every claim reads, without locks, whether capacity is scarce
 (``pgd_capacity_scarce``) and each candidate project's running count
-(``pgd_claim_candidates``); both were counts over the running jobs before migration 0013
-(docs/benchmarks.md, "Claim cost with many jobs running").
+(``pgd_claim_candidates``); both were counts over the running jobs before the scarcity read
+counted free slots (docs/benchmarks.md, "Claim cost with many jobs running").
 """
 
 from __future__ import annotations

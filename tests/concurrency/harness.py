@@ -5,11 +5,11 @@ Three instruments:
 * ``run_together`` runs one callable per thread, each on its own connection, all released
   at once by a ``threading.Barrier``, and returns every result or exception.
 * ``Watcher`` samples, in one snapshot per sample, every organization's and pool's held
-  slots (the sum of its stripes' held counts, migration 0014) and every project's running
-  jobs beside its limit and beside the running attempts that should back them (and every
+  slots (the sum of its stripes' held counts, sql/functions/capacity.sql) and every project's
+  running jobs beside its limit and beside the running attempts that should back them (and every
   target beside the jobs holding it), and the stripes' caps and debt beside the limit; it
-  records each sample where the capacity in use is over its limit, disagrees with the
-  attempts, or the caps no longer split the limit.
+  records each sample where the capacity in use is over its limit, disagrees with the attempts,
+  or the caps no longer split the limit.
 * ``max_overlaps`` sweeps the attempts' ``[claimed_at, finished_at)`` intervals for the
   most attempts that held one organization, project, pool or target at once. That sweep is
   exact because pgd_claim and pgd_claim_batch stamp claimed_at with ``clock_timestamp()``
@@ -21,13 +21,14 @@ Three instruments:
   freed by one attempt is taken by the next only after that release committed, after its
   finished_at. So attempts of one stripe that overlap in the sweep were all held at one
   moment of that row's history, at most its cap (a CHECK), and an owner's caps sum to its
-  limit while nothing is owed (migration 0014; slot rows in 0008 and counters before it were
-  locked the same way). A claim of a project with a bound counts the project's running jobs
-  under its exclusive claim lock and stamps after it (migration 0011), so a job whose
-  completion it did not see committed is still counted and its interval ends before the new
-  one starts. (Stamped with ``now()``, the start of the transaction, they were not: a claim
-  that began before a completion and then waited for its lock looked as if it overlapped
-  it, and a correct run of test_claim_races showed "pool linux: 12 of 8".)
+  limit while nothing is owed (sql/functions/capacity.sql; the slot rows before the stripes, and
+  the counters before them, were locked the same way). A claim of a project with a bound counts
+  the project's running jobs under its exclusive claim lock and stamps after it
+  (sql/functions/claim.sql), so a job whose completion it did not see committed is still counted
+  and its interval ends before the new one starts. (Stamped with ``now()``, the start of the
+  transaction, they were not: a claim that began before a completion and then waited for its
+  lock looked as if it overlapped it, and a correct run of test_claim_races showed "pool linux:
+  12 of 8".)
 
 The ``BROKEN_*`` functions are deliberately wrong copies of the transitions, installed in a
 test's database only to show that these instruments catch what they are meant to catch.
@@ -107,7 +108,8 @@ def raise_first_error(outcomes: list[Outcome]) -> None:
 # running attempts and each stripe holds as many as the running attempts recording it
 # (attempts.organization_stripe, pool_stripe). ``caps_ok`` (organizations and pools only):
 # the owner has its 8 stripes, their caps less what it owes are its limit, and while it owes
-# every stripe is full (migration 0014; tests/sql/test_stripes.py, stripe_violations).
+# every stripe is full (sql/functions/capacity.sql; tests/sql/test_stripes.py,
+# stripe_violations).
 SAMPLE_SQL = """
 WITH live AS (
     SELECT p.organization_id AS org_id, j.project_id, j.pool_id, j.target_id, j.id AS job_id,
@@ -295,12 +297,12 @@ def attempt_shapes(conn) -> list[dict[str, Any]]:
 # held slots still count every claim and go over the limit, as the slot rows and the
 # counters before them did). With p_skip_locked it first takes a job of the chosen project
 # and pool with FOR UPDATE SKIP LOCKED, as pgd_claim does (so racers get different jobs and
-# only the stale capacity and target checks are wrong), and the rest in 0014's lock order:
-# job, target, project row, organization stripe, pool stripe (a stripe is only ever waited
-# for when another transaction holds every stripe of the owner: then stripe 1). Without, it
-# runs the job it read, never locked and never re-checked: the job row is first locked by
-# the final UPDATE, after the stripes. The attempt records its stripes, so a completion
-# gives the slots back. Same result columns as pgd_claim.
+# only the stale capacity and target checks are wrong), and the rest in the lock order of
+# sql/functions/capacity.sql: job, target, project row, organization stripe, pool stripe (a
+# stripe is only ever waited for when another transaction holds every stripe of the owner: then
+# stripe 1). Without, it runs the job it read, never locked and never re-checked: the job row is
+# first locked by the final UPDATE, after the stripes. The attempt records its stripes, so a
+# completion gives the slots back. Same result columns as pgd_claim.
 # Its reservation: an organization slot and a pool slot for v_job whatever the limit (cap
 # raised to held + 1 where the stripe is full). PL/pgSQL; needs v_org and v_job in scope,
 # and sets v_org_stripe and v_pool_stripe (smallint) for the attempt to record.

@@ -71,10 +71,10 @@ def test_harness_catches_a_claim_without_skip_locked(world, db_url):
     read it queued and each takes a slot from a stripe. The database's backstop still
     refuses every claim of it but the first: the partial unique index of running attempts
     (one per job) refuses the second attempt, so the harness sees seven errors, and their
-    slots go back with their transactions. (With slot rows, migration 0008, the partial
-    unique index of held organization slots, one per job, was hit first; stripes count
-    slots and name no job, so there is no such index.) With that backstop dropped it sees
-    eight claims, eight attempts, generation 8, and eight slots held for one job."""
+    slots go back with their transactions. (With the slot rows that came before the stripes, the
+    partial unique index of held organization slots, one per job, was hit first; stripes count
+    slots and name no job, so there is no such index.) With that backstop dropped it sees eight
+    claims, eight attempts, generation 8, and eight slots held for one job."""
     world.setup()
     runner = world.runner(slots=8)
     install_broken_claim(world.conn)
@@ -180,9 +180,9 @@ def test_loaded_claimers_never_exceed_any_limit_and_reach_every_one(world, db_ur
     limit reached and none exceeded (this sweep failed with "pool linux: 12 of 8" while those
     columns were stamped with now(): see harness.py); every job ran exactly once."""
     runner, pools = build_loaded_world(world, jobs_per_project=75)
-    # holds of 2-10 ms: since completions stopped queueing behind their project's claims
-    # (migration 0011) jobs end sooner, and with 1-5 ms the pool's 8 slots were filled at
-    # once in only some runs
+    # holds of 2-10 ms: since completions stopped queueing behind their project's claims (the
+    # project claim lock, sql/functions/capacity.sql) jobs end sooner, and with 1-5 ms the
+    # pool's 8 slots were filled at once in only some runs
     report = run_load(db_url, claim=real_claim(runner, pools), loops=LOOPS, total_jobs=300,
                       hold_s=(0.002, 0.010))
     if report.errors:

@@ -345,8 +345,8 @@ def test_harness_catches_a_completion_that_checks_its_receipt_too_early(world, d
     """Both deliveries pass the early receipt check and both record the completion: each
     is answered "recorded", where the second must be answered as a repeat. The first
     release gives the slots back and takes the stripes off the attempt (as slot rows freed
-    by job id were left naming no job, before migration 0014), and the project counts its
-    running jobs (migration 0011; before it a counter was decremented twice), so the second
+    by job id were left naming no job, before the stripes), and the project counts its
+    running jobs (pgd_project_running; before, a counter was decremented twice), so the second
     release finds nothing left to give back and the capacity stays right."""
     world.setup()
     runner = world.runner()

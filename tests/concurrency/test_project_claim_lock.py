@@ -1,4 +1,5 @@
-"""The project claim lock (migration 0011), on real connections holding real transactions.
+"""The project claim lock (sql/functions/capacity.sql), on real connections holding real
+transactions.
 
 Claims of a project with no bound take its claim lock shared, so they do not wait for each
 other; a pause or a bound change takes it exclusively after its row lock, so it waits for

@@ -207,11 +207,11 @@ $$;
 def test_history_checker_catches_a_claim_with_a_stale_generation(world, db_url):
     """Two of these claims racing for one job both run it with generation 1. The database's
     own backstops (UNIQUE (job_id, attempt_no), UNIQUE (job_id, generation) and one running
-    attempt per job; migration 0008's one held organization slot and one held pool slot per
-    job went with the slot rows in 0014) would refuse the second; with them dropped, each
-    takes a slot from a stripe as pgd_claim does and the history checker alone
-    reports the shared generation and attempt number and the overlap — and, once the first
-    completion ends the job, an ended job with an attempt still running."""
+    attempt per job; the slot rows' one held organization slot and one held pool slot per job
+    went with them when the stripes replaced them) would refuse the second; with them dropped,
+    each takes a slot from a stripe as pgd_claim does and the history checker alone reports the
+    shared generation and attempt number and the overlap — and, once the first completion ends
+    the job, an ended job with an attempt still running."""
     world.setup()
     runner = world.runner()
     job = world.job()

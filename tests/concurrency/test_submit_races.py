@@ -1,4 +1,4 @@
-"""Idempotent submission under a race: one key, one job (migration 0009's partial index).
+"""Idempotent submission under a race: one key, one job (a partial index, sql/schema.sql).
 
 The key's uniqueness is the partial unique index ``jobs_idempotency_key_idx`` over the jobs
 that have a key; pgd_submit names it as its ON CONFLICT arbiter. A submit that finds no job

@@ -71,10 +71,10 @@ def test_concurrent_global_fifo_fails_the_three_to_one_check(conn, db_url):
 
 
 def test_with_capacity_to_spare_a_claim_decides_from_its_read(conn, db_url):
-    """The re-check runs only while capacity is scarce (migration 0008): with a pool of 100
-    slots for a runner of 8, B takes light's claim lock shared beside A (migration 0011),
-    passes the stripes A holds (SKIP LOCKED, migration 0014), does not wait for A at all,
-    and takes light as its read said (light 2 beside heavy 2).
+    """The re-check runs only while capacity is scarce (sql/functions/claim.sql): with a pool
+    of 100 slots for a runner of 8, B takes light's claim lock shared beside A
+    (sql/functions/capacity.sql), passes the stripes A holds (SKIP LOCKED, pgd_take_slots),
+    does not wait for A at all, and takes light as its read said (light 2 beside heavy 2).
     No claim could be refused capacity for it; the concurrent check below bounds what it
     costs the shares."""
     assert _claim_behind_an_open_claim(conn, db_url, pool_slots=100) == ("light", "light")
@@ -83,10 +83,10 @@ def test_with_capacity_to_spare_a_claim_decides_from_its_read(conn, db_url):
 def test_running_share_stays_three_to_one_with_capacity_to_spare(conn, db_url):
     """12 concurrent claim loops on a pool of 100 slots (never scarce for them): the claims
     decide from their lock-free reads and the running ratio still converges to 3.0 ± 0.5
-    (measured with 0011, 6 runs each: 2.80-2.87 running, 2.79-2.94 completed over 6 s;
-    2.75-2.95 running over 3 s, and 2.48 once over 3 s beside two other loads; with a pool
-    of 8, 2.96-3.03). It runs 6 s: the ratio sits nearer the bound than with a pool of 8,
-    and the longer run halves its spread."""
+    (measured when the project claim lock went in, 6 runs each: 2.80-2.87 running, 2.79-2.94
+    completed over 6 s; 2.75-2.95 running over 3 s, and 2.48 once over 3 s beside two other
+    loads; with a pool of 8, 2.96-3.03). It runs 6 s: the ratio sits nearer the bound than with
+    a pool of 8, and the longer run halves its spread."""
     figures = run_threads(conn, db_url, pool_slots=100, seconds=6.0)
     check_three_to_one(figures)
 
@@ -95,8 +95,8 @@ def _claim_behind_an_open_claim(conn, db_url, *, pool_slots: int = 8) -> tuple[s
     """heavy (weight 3) runs 2, light (weight 1) runs 0. Claim A, in an open transaction,
     takes light (share 0 < 2/3). Claim B starts meanwhile. The one runner has 8 slots: with a
     pool of 8 capacity is scarce, so B waits for light's claim lock, which A holds
-    exclusively (migrations 0007, 0011), then A commits and B re-checks under the lock; with
-    ``pool_slots`` 100 it is not (migration 0008), and B claims while A is still open (its
+    exclusively (sql/functions/claim.sql), then A commits and B re-checks under the lock; with
+    ``pool_slots`` 100 it is not (pgd_capacity_scarce), and B claims while A is still open (its
     claim lock is shared, and it takes its slots from stripes A does not hold). Returns the
     projects A and B got."""
     world = setup(conn, weighted(jobs_each=20).projects, slots=8, interleave=True,

@@ -100,13 +100,13 @@ class Summary:
 # project's count without its bound, and a slot of the organization and one of the pool
 # whether or not one is free within the limit (a stripe with room if one is unlocked, else
 # any unlocked stripe, its cap raised to make room past the limit), so that the held slots
-# still count every claim and go over the limit as the counters did before migration 0008.
+# still count every claim and go over the limit as the counters did before the slot rows.
 # Each attempt records the stripes it holds its slots in, so that completions and expiries
-# give them back. It takes them in 0014's lock order (job, target, project, organization
-# stripe, pool stripe), so that it does not deadlock against the real completions and
-# starve itself of claims; the only stripe it ever waits for is stripe 1, when another
-# transaction holds every stripe of the owner. The job is still taken with FOR UPDATE SKIP
-# LOCKED and a deployment's target still only when free, so that the one thing wrong is
+# give them back. It takes them in the lock order of sql/functions/capacity.sql (job, target,
+# project, organization stripe, pool stripe), so that it does not deadlock against the real
+# completions and starve itself of claims; the only stripe it ever waits for is stripe 1, when
+# another transaction holds every stripe of the owner. The job is still taken with FOR UPDATE
+# SKIP LOCKED and a deployment's target still only when free, so that the one thing wrong is
 # over-admission. Self-contained on purpose: it does not depend on the text of the real
 # pgd_claim. The reservation is the harness's (tests/concurrency/harness.py).
 BROKEN_CLAIM_SQL = """

@@ -3,18 +3,18 @@
 ``violations(conn)`` reads one statement (so one snapshot, even under load) and returns a
 line for each fact that does not hold:
 
-* every project's running count (its running jobs, migration 0011), and the held slots of
-  every organization and pool (the sum of its stripes' held counts, migration 0014), equal
-  the running attempts of its jobs;
+* every project's running count (its running jobs), and the held slots of every
+  organization and pool (the sum of its stripes' held counts), equal the running attempts
+  of its jobs (both counts: sql/functions/capacity.sql);
 * every running attempt holds one slot of its job's organization and one of its pool: it
   records a stripe of each (``attempts.organization_stripe``, ``pool_stripe``) that exists;
   and each stripe's held count is the number of running attempts recording it, so no slot
   is held without a running attempt behind it;
-* the stripes themselves (migration 0014): every organization and pool has exactly
+* the stripes themselves (sql/functions/capacity.sql): every organization and pool has exactly
   ``pgd_capacity_stripes()`` (8) of them, each holding between 0 and its cap; the caps minus
   what is owed (``capacity_debts``, a row only while something is) equal the limit; while
-  anything is owed every stripe is full (held = cap), so that no claim finds room; and no
-  stripe or debt belongs to an owner that does not exist;
+  anything is owed every stripe is full (held = cap), so that no claim finds room; and no stripe
+  or debt belongs to an owner that does not exist;
 * a job is ``running`` exactly when it has a running attempt, and that attempt carries the
   job's generation; a running attempt's job is running;
 * ``jobs.attempts_made`` equals its attempts, ``jobs.generation`` the newest attempt's;

@@ -77,7 +77,8 @@ class _Snapshot:
             SELECT id, job_id, attempt_no, generation, state, claimed_at, finished_at,
                    organization_stripe, pool_stripe
               FROM attempts ORDER BY job_id, claimed_at, id""").fetchall()
-        # every organization and pool with its limit, and its stripes and debt (migration 0014)
+        # every organization and pool with its limit, and its stripes and debt
+        # (sql/functions/capacity.sql)
         self.owners = {(r["kind"], r["id"]): r for r in conn.execute("""
             SELECT 'organization' AS kind, id, name, max_running AS lim FROM organizations
             UNION ALL
@@ -214,8 +215,8 @@ SLOT_OWNERS = (("organization", "org_id", "organization_stripe"),
 
 
 def _counters(conn, s: _Snapshot) -> list[str]:
-    """Projects count their jobs in state running (``pgd_project_running``, migration 0011);
-    organizations and pools hold one slot per running attempt, in stripes (migration 0014):
+    """Projects count their jobs in state running (``pgd_project_running``); organizations
+    and pools hold one slot per running attempt, in stripes (both in sql/functions/capacity.sql):
     the held slots of each (``pgd_organization_running`` / ``pgd_pool_running``) equal its
     running attempts; each running job's running attempt holds exactly one slot of its
     project's organization and one of its pool (it records a stripe of each that exists);
@@ -263,11 +264,11 @@ def _counters(conn, s: _Snapshot) -> list[str]:
 
 
 def _stripes(conn, s: _Snapshot) -> list[str]:
-    """The capacity of each organization and pool as stripes (migration 0014): exactly
-    ``pgd_capacity_stripes()`` of them, each holding 0 to its cap; the caps minus what is owed
-    equal the limit now configured (a lowering below the held slots is owed, so this holds
-    whatever the limits did before); while anything is owed every stripe is full, so that no
-    claim finds room; a debt is more than nothing; no stripe or debt of an owner that does
+    """The capacity of each organization and pool as stripes (sql/functions/capacity.sql):
+    exactly ``pgd_capacity_stripes()`` of them, each holding 0 to its cap; the caps minus what
+    is owed equal the limit now configured (a lowering below the held slots is owed, so this
+    holds whatever the limits did before); while anything is owed every stripe is full, so that
+    no claim finds room; a debt is more than nothing; no stripe or debt of an owner that does
     not exist."""
     out = []
     by_owner: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)

@@ -3,19 +3,19 @@
 A test-only pause point (tests/faults/pause_point.py), installed in the test's database and
 nowhere else: a trigger on ``attempts`` (BEFORE INSERT for a claim, BEFORE UPDATE for a
 completion or an expiry) that waits for an advisory lock the test holds. Every transition
-writes its attempt row last (migrations 0011 and 0014: after the organization and pool
-stripes), so it stalls there having taken — and changed — its job, target and stripe rows
-(and a claim its project's claim lock and, for the tie-break stamp, its project row): a
-claim has added a slot to the held count of one organization stripe with room and of one
+writes its attempt row last (sql/functions/claim.sql, complete.sql and expire.sql: after the
+organization and pool stripes), so it stalls there having taken — and changed — its job, target
+and stripe rows (and a claim its project's claim lock and, for the tie-break stamp, its project
+row): a claim has added a slot to the held count of one organization stripe with room and of one
 pool stripe with room, a completion or an expiry has subtracted the job's two slots from the
-stripes its attempt records. The organization and pool rows themselves are not locked by any
-of them. The test proves the locks are held (and those rows free), then kills the session
-with ``pg_terminate_backend`` from another connection, releases the lock, and checks that
-nothing was half-applied: the stored state (stripes, held counts and the attempts' stripes
-included) is exactly what it was before, every project's running jobs and every
-organization's and pool's held slots equal the running attempts behind them, stripe by
-stripe, every target is held exactly when a running or uncertain deployment holds it — and
-the same transition then goes through.
+stripes its attempt records. The organization and pool rows themselves are not locked by any of
+them. The test proves the locks are held (and those rows free), then kills the session with
+``pg_terminate_backend`` from another connection, releases the lock, and checks that nothing was
+half-applied: the stored state (stripes, held counts and the attempts' stripes included) is
+exactly what it was before, every project's running jobs and every organization's and pool's
+held slots equal the running attempts behind them, stripe by stripe, every target is held
+exactly when a running or uncertain deployment holds it — and the same transition then goes
+through.
 
 The checker (tests/faults/consistency.py) is shown catching a claim written as separate
 autocommit statements, killed at the same point, and stripes broken directly.
@@ -143,7 +143,7 @@ def kill_mid_transition(world, db_url, fn: Callable[[Any], Any], rows: dict[str,
         assert locked_stripes(world.conn, owners) == expected, \
             "the transition should stall holding the stripes it takes or frees slots in, no other"
         assert locked_rows(world.conn, hot_rows) == [], \
-            "no transition locks the organization or pool row (migrations 0008, 0014)"
+            "no transition locks the organization or pool row (sql/functions/capacity.sql)"
         terminate(world.conn, victim.pid)
         victim.join()
     finally:
@@ -318,8 +318,8 @@ def test_expiry_killed_half_way_leaves_nothing_behind(world, db_url, kind):
 def claim_in_two_steps(conn, *, job_id: int, runner_id: int) -> None:
     """A deliberately broken claim: capacity and the job taken in autocommit statements
     (each committed on its own), the attempt inserted afterwards. The reservations are
-    pgd_claim's (migration 0014), in its order: a slot of the organization and one of the
-    pool, each from a stripe with room taken SKIP LOCKED and added to its held count; the
+    pgd_claim's (sql/functions/claim.sql), in its order: a slot of the organization and one of
+    the pool, each from a stripe with room taken SKIP LOCKED and added to its held count; the
     attempt would record both stripes."""
     ids = conn.execute("""SELECT j.project_id, j.pool_id, p.organization_id AS org_id
                             FROM jobs j JOIN projects p ON p.id = j.project_id
@@ -390,11 +390,11 @@ END $$"""
 
 
 def test_checker_catches_broken_stripes(world):
-    """The stripe clauses (migration 0014), each on stripes or attempts changed directly, as
-    a broken claim, release or limit change would leave them: a slot given back to the
-    wrong stripe, a running attempt that records no stripe, caps that do not add up to the
-    limit, room while slots are owed, a missing stripe, an empty debt, and stripes of an
-    owner that does not exist. Each is undone before the next."""
+    """The stripe clauses of tests/faults/consistency.py, each on stripes or attempts changed
+    directly, as a broken claim, release or limit change would leave them: a slot given back to
+    the wrong stripe, a running attempt that records no stripe, caps that do not add up to the
+    limit, room while slots are owed, a missing stripe, an empty debt, and stripes of an owner
+    that does not exist. Each is undone before the next."""
     w = setup_world(world, "build")
     c = world.claim(w["runner"])
     mine = stripes_of(world, c.attempt_id)

@@ -3,7 +3,7 @@
 1. An operator-like action written only for this test locks the stripe holding the job's
    organization slot and then the job — the reverse of the documented order — while a
    completion (job → target → attempt → organization stripes → pool stripes → debt rows,
-   migration 0014) runs on the same job. The two wait for each other; PostgreSQL
+   sql/functions/complete.sql) runs on the same job. The two wait for each other; PostgreSQL
    detects the cycle and aborts one transaction with SQLSTATE 40P01. The action runs in
    ``pgdispatch.sql.db.in_transaction``, so the retry path runs for real: the action's first try is the
    victim (its ``deadlock_timeout`` is the shorter one), it is retried and completes, and the
@@ -168,7 +168,7 @@ def test_a_real_deadlock_is_retried_counted_and_logged(world, db_url, caplog):
 def test_submit_depending_on_a_job_racing_its_completion_does_not_deadlock(world, db_url):
     """pgd_submit locks its dependency FOR SHARE and then inserts the job, whose foreign keys
     take FOR KEY SHARE on the project and pool rows; pgd_complete locked organization, project,
-    pool, then the job (before migration 0007; now the job first, the counter rows last). With
+    pool, then the job (in the first lock order; now the job first, the counter rows last). With
     the completion's locks taken FOR UPDATE the two waited for each other (40P01, found by the
     random load below); FOR NO KEY UPDATE does not block a foreign-key check, so there is no
     cycle in either order. The submit is paused (tests/faults/pause_point)
@@ -249,16 +249,16 @@ def locked_stripes(conn, kind: str) -> list[int]:
 
 
 def test_a_batch_release_and_a_limit_change_take_stripes_in_the_same_order(world, db_url):
-    """A limit change locks every stripe of its organization in stripe order (migration
-    0014, pgd_split_capacity). A batch completion reporting B (its slot in stripe 3) before A
-    (stripe 1) must lock their stripes in the same order: freeing them in item order, it
-    would hold stripe 3 while waiting for stripe 1, which the limit change holds while it
-    waits for stripe 3 (40P01; as found with slot rows by an adversarial run, migration
-    0008). pgd_release_slots locks a batch's stripes in (kind, owner, stripe) order first.
-    An open batch claim that has taken a slot of stripe 2 (pgd_take_slots: the stripe is
-    locked, its held count not yet raised) keeps the limit change waiting in the middle until
-    both are queued; the batch runs without the retry wrapper, so a deadlock would surface
-    here."""
+    """A limit change locks every stripe of its organization in stripe order
+    (pgd_split_capacity, sql/functions/capacity.sql). A batch completion reporting B (its slot
+    in stripe 3) before A (stripe 1) must lock their stripes in the same order: freeing them
+    in item order, it would hold stripe 3 while waiting for stripe 1, which the limit change
+    holds while it waits for stripe 3 (40P01; as an adversarial run found with the slot rows
+    that came before the stripes). pgd_release_slots locks a batch's stripes in (kind, owner,
+    stripe) order first. An open batch claim that has taken a slot of stripe 2 (pgd_take_slots:
+    the stripe is locked, its held count not yet raised) keeps the limit change waiting in the
+    middle until both are queued; the batch runs without the retry wrapper, so a deadlock would
+    surface here."""
     world.setup(org_limit=10, pool_slots=100)
     runner = world.runner(slots=4)
     world.job()
@@ -319,10 +319,11 @@ def test_a_batch_release_and_a_limit_change_take_stripes_in_the_same_order(world
 def test_batches_cancelling_shared_dependents_in_opposite_orders_do_not_deadlock(world, db_url):
     """D1 depends on A and C, D2 on B and E. One batch reports A and B failed, another E and C:
     item by item, the first cancels D1 then D2 and the second D2 then D1. Completions of one
-    organization no longer queue behind its row (migration 0007), so both run at once; a
-    trigger installed only here makes each cancellation of a blocked job take 0.3 s, so the
-    two overlap. pgd_lock_dependents locks every item's dependents by id first: no deadlock,
-    both batches answer, D1 and D2 end cancelled. (Without it: 40P01, seen once.)"""
+    organization no longer queue behind its row (the shared rows come last in the lock order of
+    sql/functions/complete.sql), so both run at once; a trigger installed only here makes each
+    cancellation of a blocked job take 0.3 s, so the two overlap. pgd_lock_dependents locks
+    every item's dependents by id first: no deadlock, both batches answer, D1 and D2 end
+    cancelled. (Without it: 40P01, seen once.)"""
     world.setup(org_limit=10, pool_slots=10)
     runner = world.runner(slots=10)
     a, b, c, e = (world.job()["id"] for _ in range(4))

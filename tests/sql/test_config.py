@@ -47,8 +47,8 @@ TABLES = {
     "organizations": "SELECT name, max_running, pgd_organization_running(id) AS running "
                      "FROM organizations ORDER BY name",
     "pools": "SELECT name, slots, pgd_pool_running(id) AS running FROM pools ORDER BY name",
-    # a limit of n is split over 8 stripes whose caps sum to n (migration 0014): written with
-    # the limit, or not at all
+    # a limit of n is split over 8 stripes whose caps sum to n (sql/functions/capacity.sql):
+    # written with the limit, or not at all
     "organization_stripes": "SELECT o.name, s.stripe_no, s.cap, s.held FROM capacity_stripes s "
                             "JOIN organizations o ON s.kind = 'organization' AND o.id = s.owner_id "
                             "ORDER BY 1, 2",

@@ -1,6 +1,6 @@
-"""Idempotency keys (migration 0012): a repeated key returns its job only when the request is
-the same; a different request with the key is refused and writes nothing. An unknown
-dependency is named by its id."""
+"""Idempotency keys (sql/functions/submit.sql): a repeated key returns its job only when the
+request is the same; a different request with the key is refused and writes nothing. An
+unknown dependency is named by its id."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""A refused operator action says why the job or project is where it is (migration 0010).
+"""A refused operator action says why the job or project is where it is (the refusal texts of
+sql/functions/operator.sql).
 
-Before 0010 the refusals named the subject's last audit event, which for a job that the
-system moved by itself (a cascaded cancellation, a runner's report) was its submission.
+The refusals used to name the subject's last audit event, which for a job that the system
+moved by itself (a cascaded cancellation, a runner's report) was its submission.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
-"""Organization and pool capacity as stripes (migration 0014; 0008 had one row per slot): a
-limit of n is split over 8 stripes whose caps sum to n; a claim takes a slot from a stripe
-with room and adds it to that stripe's held count; a release subtracts it; lowering a limit
-below the held slots stops new claims only and owes the difference; the fairness re-check
-runs while capacity is scarce."""
+"""Organization and pool capacity as stripes (sql/functions/capacity.sql; before the stripes
+there was one row per slot): a limit of n is split over 8 stripes whose caps sum to n; a claim
+takes a slot from a stripe with room and adds it to that stripe's held count; a release
+subtracts it; lowering a limit below the held slots stops new claims only and owes the
+difference; the fairness re-check runs while capacity is scarce."""
 
 from __future__ import annotations
 
@@ -51,9 +51,9 @@ def owed(conn) -> dict[str, int]:
 
 
 def stripe_violations(conn) -> list:
-    """Every owner whose stripes break the invariant of 0014: caps minus what is owed equal
-    the limit; a stripe's held count is its running attempts' slots; while anything is owed
-    every stripe is full."""
+    """Every owner whose stripes break the invariant of sql/functions/capacity.sql: caps minus
+    what is owed equal the limit; a stripe's held count is its running attempts' slots; while
+    anything is owed every stripe is full."""
     return conn.execute("""
         WITH owners AS (
             SELECT 'organization' AS kind, id, max_running AS lim FROM organizations
@@ -254,7 +254,8 @@ def test_a_claim_passes_locked_stripes_and_never_waits_for_one(world, db_url):
 
 
 def test_the_stripes_hold_at_most_their_caps(world):
-    """The CHECK of 0014: an update past a stripe's cap fails, whoever makes it."""
+    """The CHECK of capacity_stripes (sql/schema.sql): an update past a stripe's cap fails,
+    whoever makes it."""
     world.setup(org_limit=1, pool_slots=1)
     with pytest.raises(psycopg.errors.CheckViolation):
         world.conn.execute("UPDATE capacity_stripes SET held = held + 1 WHERE stripe_no = 2")
@@ -286,8 +287,8 @@ def test_capacity_is_scarce_when_free_slots_are_fewer_than_the_live_runners_slot
 
 
 def scarce_by_held_count(conn) -> bool:
-    """0008's rule, from plain counts: a limit below the racing claims, or more slots held
-    than the limit leaves for them."""
+    """The scarcity rule as the slot rows first had it, from plain counts: a limit below the
+    racing claims, or more slots held than the limit leaves for them."""
     row = conn.execute(
         "SELECT o.max_running AS org_limit, q.slots AS pool_limit, pgd_racing_claims() AS racing,"
         "       (SELECT count(*) FROM jobs j WHERE j.state = 'running') AS org_held,"
@@ -299,8 +300,9 @@ def scarce_by_held_count(conn) -> bool:
 
 
 def test_scarcity_read_from_free_slots_agrees_with_the_held_count(world):
-    """0014 reads the free slots from the stripes where 0008 counted held slot rows: over limits on either side of twice the racing
-    claims, 0 to 30 jobs held, 1 to 61 racing and limits lowered below the held jobs
+    """pgd_capacity_scarce (sql/functions/capacity.sql) reads the free slots from the stripes
+    where the slot rows' first rule counted held slots: over limits on either side of twice the
+    racing claims, 0 to 30 jobs held, 1 to 61 racing and limits lowered below the held jobs
     (retirements owed), both rules give the same answer, and each answer occurs."""
     world.setup(org_limit=40, pool_slots=40)
     claimer = world.runner(slots=1)

@@ -72,7 +72,7 @@ def test_submit_show_explain(api, world):
         "project": "web", "pool": "linux", "command": ["make", "build"], "priority": 5,
         "max_attempts": 3, "timeout_seconds": 600, "idempotency_key": "build-1"})
     assert again.status_code == 200 and again.get_json()["id"] == job["id"]
-    # the key with a different request: 409, nothing written (migration 0012)
+    # the key with a different request: 409, nothing written (sql/functions/submit.sql)
     other = api("POST", "/api/v1/jobs", json={
         "project": "web", "pool": "linux", "command": ["make", "build"], "idempotency_key": "build-1"})
     assert other.status_code == 409

@@ -10,7 +10,21 @@ from pathlib import Path
 from .errors import InvalidInput
 
 
-def _float(env: dict[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
+# Upper bounds of the duration settings (seconds). A lease is what pgd_claim accepts; a
+# backoff is at most what a submit's delay may be, so that every ready_at the database
+# computes (now() + backoff) stays a time PostgreSQL and Python both hold (an unbounded
+# cap once overflowed the interval and stopped every expiry pass at that row).
+MAX_LEASE_SECONDS = 86400.0
+MAX_INTERVAL_SECONDS = 3600.0
+MAX_BACKOFF_SECONDS = 2592000.0  # 30 days, pgd_backoff_seconds' own clamp too
+
+
+def _float(env: dict[str, str], name: str, default: float, *, maximum: float) -> float:
+    """``env[name]`` as seconds in (0, maximum], or ``default`` when unset or empty.
+
+    Raises:
+        InvalidInput: not a number, not above 0, or above ``maximum`` (one line, naming it).
+    """
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -18,8 +32,9 @@ def _float(env: dict[str, str], name: str, default: float, *, minimum: float = 0
         value = float(raw)
     except ValueError:
         raise InvalidInput(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not value > minimum or value != value or value == float("inf"):
-        raise InvalidInput(f"{name} must be greater than {minimum:g}, got {raw!r}")
+    if not 0 < value <= maximum:  # NaN fails both comparisons
+        raise InvalidInput(f"{name} must be more than 0 and at most {maximum:g} seconds, "
+                           f"got {raw!r}")
     return value
 
 
@@ -57,25 +72,34 @@ class Settings:
         """Read ``PGDISPATCH_*`` and ``DATABASE_URL`` (DESIGN.md, Configuration).
 
         Raises:
-            InvalidInput: a variable is present but not a positive number.
+            InvalidInput: a variable is present but not a number of seconds within its bound
+                (MAX_LEASE_SECONDS, MAX_INTERVAL_SECONDS, MAX_BACKOFF_SECONDS), the backoff
+                base is above its cap, or the heartbeat is not shorter than the lease.
         """
         env = dict(os.environ if env is None else env)
-        lease = _float(env, "PGDISPATCH_LEASE_SECONDS", 30.0)
+        def seconds(name: str, default: float, maximum: float) -> float:
+            return _float(env, f"PGDISPATCH_{name}_SECONDS", default, maximum=maximum)
+
+        lease = seconds("LEASE", 30.0, MAX_LEASE_SECONDS)
         values = dict(
             database_url=env.get("DATABASE_URL") or None,
             data_dir=Path(env.get("PGDISPATCH_DATA_DIR") or ".pgdispatch"),
             lease_seconds=lease,
-            heartbeat_seconds=_float(env, "PGDISPATCH_HEARTBEAT_SECONDS", lease / 3),
-            claim_interval_seconds=_float(env, "PGDISPATCH_CLAIM_INTERVAL_SECONDS", 1.0),
-            expire_interval_seconds=_float(env, "PGDISPATCH_EXPIRE_INTERVAL_SECONDS", 5.0),
-            summary_interval_seconds=_float(env, "PGDISPATCH_SUMMARY_INTERVAL_SECONDS", 5.0),
-            backoff_base_seconds=_float(env, "PGDISPATCH_BACKOFF_BASE_SECONDS", 2.0),
-            backoff_cap_seconds=_float(env, "PGDISPATCH_BACKOFF_CAP_SECONDS", 300.0),
+            heartbeat_seconds=seconds("HEARTBEAT", lease / 3, MAX_LEASE_SECONDS),
+            claim_interval_seconds=seconds("CLAIM_INTERVAL", 1.0, MAX_INTERVAL_SECONDS),
+            expire_interval_seconds=seconds("EXPIRE_INTERVAL", 5.0, MAX_INTERVAL_SECONDS),
+            summary_interval_seconds=seconds("SUMMARY_INTERVAL", 5.0, MAX_INTERVAL_SECONDS),
+            backoff_base_seconds=seconds("BACKOFF_BASE", 2.0, MAX_BACKOFF_SECONDS),
+            backoff_cap_seconds=seconds("BACKOFF_CAP", 300.0, MAX_BACKOFF_SECONDS),
             secret_key=env.get("PGDISPATCH_SECRET_KEY") or None,
             bind=env.get("PGDISPATCH_BIND") or "127.0.0.1:8000",
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
+        if settings.backoff_base_seconds > settings.backoff_cap_seconds:
+            raise InvalidInput(
+                f"PGDISPATCH_BACKOFF_BASE_SECONDS ({settings.backoff_base_seconds:g}) must not be "
+                f"more than PGDISPATCH_BACKOFF_CAP_SECONDS ({settings.backoff_cap_seconds:g})")
         if settings.heartbeat_seconds >= settings.lease_seconds:
             raise InvalidInput(
                 f"heartbeat ({settings.heartbeat_seconds:g} s) must be shorter than the lease "

@@ -16,11 +16,16 @@
 
 -- "Equal jitter" backoff (AWS Architecture Blog, "Exponential Backoff And Jitter", 2015):
 -- keep half of the capped exponential delay and randomise the other half, so that jobs
--- failing together do not retry together. Returns seconds.
+-- failing together do not retry together. Returns seconds, never more than 30 days
+-- (sql/settings.py, MAX_BACKOFF_SECONDS) whatever the caller passes: now() plus it must stay
+-- a time PostgreSQL and Python both hold, or the transition that computes a ready_at fails
+-- (an expiry pass would then stop at that row). The exponent is bounded for the same reason.
 CREATE OR REPLACE FUNCTION pgd_backoff_seconds(p_failures integer, p_base_seconds double precision,
                                                p_cap_seconds double precision)
 RETURNS double precision LANGUAGE sql VOLATILE AS $$
-    SELECT least(p_cap_seconds, p_base_seconds * power(2, greatest(p_failures - 1, 0)))
+    SELECT greatest(0, least(2592000, p_cap_seconds,
+                             least(p_base_seconds, 2592000)
+                             * power(2, least(greatest(p_failures - 1, 0), 62))))
            * (0.5 + random() / 2)
 $$;
 

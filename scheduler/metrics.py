@@ -80,7 +80,7 @@ class Exporter:
     def __init__(self, *, port: int, addr: str = "127.0.0.1"):
         self.registry = CollectorRegistry(auto_describe=True)
         for shared in (sql.metrics.CLAIM_SECONDS, sql.metrics.LEASE_EXPIRATIONS,
-                       sql.metrics.TRANSACTION_RETRIES):
+                       sql.metrics.EXPIRY_FAILURES, sql.metrics.TRANSACTION_RETRIES):
             self.registry.register(shared)
         for kind in ("build", "deployment"):
             sql.metrics.LEASE_EXPIRATIONS.labels(kind=kind)  # exported as 0 until one happens

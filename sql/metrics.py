@@ -11,6 +11,10 @@ TRANSACTION_RETRIES = Counter(
 CLAIM_SECONDS = Histogram(
     "pgdispatch_claim_seconds", "Latency of one claim transaction, in seconds.",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5))
+EXPIRY_FAILURES = Counter(
+    "pgdispatch_lease_expiry_failures_total",
+    "Lapsed leases the expiry pass of this process could not end (an error on that row; the "
+    "pass went on with the others, and the job's last_error says why).")
 LEASE_EXPIRATIONS = Counter(
     "pgdispatch_lease_expirations_total", "Leases ended by the expiry pass in this process.",
     ["kind"])

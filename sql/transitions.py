@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import logging
 import time
 import uuid
 from collections.abc import Sequence
@@ -21,6 +22,8 @@ from .db import transition
 from .errors import FencedOut, InvalidInput
 from .queries import Q
 from .validate import check_command, check_int, check_number, check_text
+
+log = logging.getLogger(__name__)
 
 OUTCOMES = ("succeeded", "failed", "cancelled", "handed_back", "lost")
 RESOLUTIONS = ("succeeded", "failed", "retry")
@@ -251,11 +254,12 @@ def expire_one(conn, *, backoff_base_seconds: float = 2.0,
                backoff_cap_seconds: float = 300.0) -> dict[str, Any] | None:
     """End one lapsed lease (pgd_expire_one, sql/functions/expire.sql): a build is queued
     again after backoff (seconds) or fails, a deployment becomes uncertain and keeps its
-    target. Returns {"attempt_id", "job_id", "job_state", "is_deployment"}, or None when no
-    lease has lapsed."""
+    target. Returns {"attempt_id", "job_id", "job_state", "is_deployment"}, with "failed"
+    (a list of {"attempt_id", "job_id", "sqlstate", "error"}) when a lease before it could
+    not be ended; only {"failed": [...]} when none could; None when no lease has lapsed."""
     result = Q.expire_one(conn, backoff_base_seconds=backoff_base_seconds,
-                            backoff_cap_seconds=backoff_cap_seconds)
-    if result is not None:
+                          backoff_cap_seconds=backoff_cap_seconds)
+    if result is not None and "attempt_id" in result:
         metrics.LEASE_EXPIRATIONS.labels(
             kind="deployment" if result["is_deployment"] else "build").inc()
     return result
@@ -263,13 +267,26 @@ def expire_one(conn, *, backoff_base_seconds: float = 2.0,
 
 def expire_leases(conn, *, limit: int = 1000, backoff_base_seconds: float = 2.0,
                   backoff_cap_seconds: float = 300.0) -> list[dict[str, Any]]:
-    """One expiry pass: end lapsed leases one per transaction, at most ``limit`` of them."""
-    done = []
+    """One expiry pass: end lapsed leases one per transaction, at most ``limit`` of them.
+
+    A lease that cannot be ended (an error on its row) does not stop the pass: it is logged
+    once per pass, counted in ``pgdispatch_lease_expiry_failures_total``, named in its job's
+    last_error by the database, and the other leases are ended. Returns the leases ended.
+    """
+    done, failed = [], set()
     while len(done) < limit:
         result = expire_one(conn, backoff_base_seconds=backoff_base_seconds,
                             backoff_cap_seconds=backoff_cap_seconds)
         if result is None:
             break
+        for f in result.get("failed", ()):
+            if f["attempt_id"] not in failed:
+                failed.add(f["attempt_id"])
+                metrics.EXPIRY_FAILURES.inc()
+                log.error("could not end the lapsed lease of attempt %s (job %s): %s (SQLSTATE %s)",
+                          f["attempt_id"], f["job_id"], f["error"], f["sqlstate"])
+        if "attempt_id" not in result:
+            break  # every lapsed lease left failed
         done.append(result)
     return done
 

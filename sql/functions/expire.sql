@@ -10,7 +10,10 @@
 -- job 'uncertain': its target stays reserved (state 'uncertain') until an operator resolves
 -- it (pgd_resolve_target, sql/functions/operator.sql) or the attempt reports late
 -- (pgd_complete). One job per transaction, so that a sweep never holds two jobs' locks.
--- Returns {attempt_id, job_id, job_state, is_deployment}.
+-- Returns {attempt_id, job_id, job_state, is_deployment}, with "failed" added when a lease
+-- before it could not be ended (each {attempt_id, job_id, sqlstate, error}; the job's
+-- last_error says so too), or only {"failed": [...]} when none could, or NULL when no lease
+-- has lapsed. A deadlock or serialization failure is raised, for the caller's retry.
 CREATE OR REPLACE FUNCTION pgd_expire_one(p_backoff_base_seconds double precision,
                                           p_backoff_cap_seconds double precision)
 RETURNS jsonb
@@ -23,6 +26,7 @@ DECLARE
     v_failures integer;
     v_state    text;
     v_ready_at timestamptz;
+    v_failed   jsonb := '[]';
 BEGIN
     FOR c IN
         SELECT a.id AS attempt_id, a.job_id, j.project_id, j.pool_id, j.target_id,
@@ -76,11 +80,30 @@ BEGIN
                    finished_at = clock_timestamp(), error = 'lease expired'
              WHERE id = c.attempt_id;
             RETURN jsonb_build_object('attempt_id', c.attempt_id, 'job_id', c.job_id,
-                                      'job_state', v_state, 'is_deployment', c.target_id IS NOT NULL);
-        EXCEPTION WHEN SQLSTATE 'PDSKP' THEN
-            NULL;
+                                      'job_state', v_state, 'is_deployment', c.target_id IS NOT NULL)
+                   || CASE WHEN jsonb_array_length(v_failed) > 0
+                           THEN jsonb_build_object('failed', v_failed) ELSE '{}' END;
+        EXCEPTION
+            WHEN SQLSTATE 'PDSKP' THEN
+                NULL;
+            WHEN deadlock_detected OR serialization_failure THEN
+                RAISE;  -- the whole transaction is retried (sql/db.py)
+            WHEN OTHERS THEN
+                -- One lease that cannot be ended must not stop the sweep: its subtransaction
+                -- is undone, the job says why (SKIP LOCKED: never wait for it), the caller
+                -- hears of it (log, metric), and the next lapsed lease is tried.
+                v_failed := v_failed || jsonb_build_object(
+                    'attempt_id', c.attempt_id, 'job_id', c.job_id, 'sqlstate', SQLSTATE,
+                    'error', SQLERRM);
+                BEGIN
+                    UPDATE jobs SET last_error = left('lease expiry failed: ' || SQLERRM, 1000)
+                     WHERE id = (SELECT j.id FROM jobs j WHERE j.id = c.job_id
+                                   FOR NO KEY UPDATE SKIP LOCKED);
+                EXCEPTION WHEN OTHERS THEN
+                    NULL;  -- the failure is still reported to the caller
+                END;
         END;
     END LOOP;
-    RETURN NULL;
+    RETURN CASE WHEN jsonb_array_length(v_failed) > 0 THEN jsonb_build_object('failed', v_failed) END;
 END;
 $$;

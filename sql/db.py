@@ -37,6 +37,17 @@ RETRYABLE = (pg_errors.DeadlockDetected, pg_errors.SerializationFailure,
 MAX_TRIES = 6
 
 
+# psycopg prepares a statement on the server after it ran 5 times on a connection. Behind a
+# pooler in transaction mode (PgBouncer before 1.21, or with max_prepared_statements 0) the
+# next transaction may run on another server connection, where the statement does not exist
+# or another client's does: "prepared statement "_pg3_0" already exists", "... does not
+# exist", or a bind to the wrong statement (tests/pooling/test_pgbouncer.py). Every statement
+# of ours is a short call of a PL/pgSQL function, whose plans the server caches itself, so
+# never preparing costs little and is safe on every route (psycopg docs, "Prepared
+# statements"; PgBouncer docs, "max_prepared_statements").
+PREPARE_THRESHOLD = None
+
+
 def connect(url: str, *, application_name: str = "pgdispatch", **kwargs: Any) -> psycopg.Connection:
     """Open an autocommit connection returning dict rows; open transactions with
     ``with conn.transaction():``.
@@ -47,7 +58,8 @@ def connect(url: str, *, application_name: str = "pgdispatch", **kwargs: Any) ->
     try:
         conn = psycopg.connect(url, autocommit=True, row_factory=dict_row,
                                application_name=application_name,
-                               **{**tcp_liveness(url), **kwargs})
+                               **{"prepare_threshold": PREPARE_THRESHOLD, **tcp_liveness(url),
+                                  **kwargs})
     except psycopg.ProgrammingError as exc:
         # libpq could not parse the URL / conninfo
         raise InvalidInput(f"not a valid database URL: {str(exc).splitlines()[0]}") from None
@@ -106,7 +118,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pg
         url, min_size=min_size, max_size=max_size, name=name, open=True,
         timeout=timeout_seconds, check=ConnectionPool.check_connection,
         kwargs=dict(autocommit=True, row_factory=dict_row, application_name=name,
-                    **tcp_liveness(url)),
+                    prepare_threshold=PREPARE_THRESHOLD, **tcp_liveness(url)),
         configure=bound_idle_transactions, reconnect_timeout=300)
 
 

@@ -21,7 +21,7 @@ import logging
 from pathlib import Path
 
 from .db import backoff_sleep, connect
-from .errors import IncompatibleDatabase
+from .errors import IncompatibleDatabase, PgDispatchError
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,14 @@ def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: s
             backend.mark_one(migration, log=False)
         for name, text in sources:
             log.debug("loading sql/functions/%s", name)
-            conn.execute(text)
+            try:
+                conn.execute(text)
+            except Exception as exc:
+                if _sqlstate(exc) in RETRY_SQLSTATES:
+                    raise
+                # the whole upgrade is rolled back; say which file, in one line
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise PgDispatchError(f"sql/functions/{name}: {first} (nothing was changed)") from exc
         conn.execute("DELETE FROM _pgdispatch_definitions")
         conn.execute("INSERT INTO _pgdispatch_definitions (digest) VALUES (%s)", (digest,))
     applied = Applied(m.id for m in pending)

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from pgdispatch.sql import db, migrate
+from pgdispatch.sql import PgDispatchError, db, migrate
 
 from .catalog import describe, differences
 
@@ -107,3 +107,21 @@ def test_editing_a_function_file_and_upgrading_changes_a_live_database(db_url, t
     with db.connect(db_url) as conn:
         again = conn.execute("SELECT loaded_at FROM _pgdispatch_definitions").fetchone()
     assert again["loaded_at"] == after["loaded_at"]  # nothing to do: not even reloaded
+
+
+def test_a_function_file_that_does_not_load_changes_nothing_and_is_named(db_url, tmp_path):
+    """A syntax error in one file rolls the whole upgrade back (the files before it included)
+    and the error names the file, in one line."""
+    functions = tmp_path / "functions"
+    shutil.copytree(migrate.FUNCTIONS_DIR, functions)
+    audit = functions / "audit.sql"
+    audit.write_text(audit.read_text().replace("'another actor'", "'someone else'"))
+    claim = functions / "claim.sql"
+    claim.write_text(claim.read_text().replace("RETURN QUERY SELECT v_job.id", "RETURN QUERY SELEC v_job.id", 1))
+    with db.connect(db_url) as conn:
+        before = conn.execute("SELECT digest, loaded_at FROM _pgdispatch_definitions").fetchone()
+    with pytest.raises(PgDispatchError, match=r"^sql/functions/claim\.sql: syntax error .*\(nothing was changed\)$"):
+        migrate.upgrade(db_url, functions_dir=functions)
+    with db.connect(db_url) as conn:
+        assert conn.execute("SELECT digest, loaded_at FROM _pgdispatch_definitions").fetchone() == before
+        assert conn.execute("SELECT pgd_last_actor('nothing') AS a").fetchone()["a"] == "another actor"

@@ -50,7 +50,9 @@ ADVISORY_LOCK_KEY = 7_261_626_001
 # with it (40P01; the upgrade, waiting first, is the usual victim), and a long transaction
 # holding one of them would queue every transition behind the upgrade: LOCK_TIMEOUT gives
 # up instead. Either rolls the whole upgrade back, and it is tried again, up to
-# UPGRADE_TRIES times.
+# UPGRADE_TRIES times. While a try waits, the tables it already holds hold transitions off,
+# up to LOCK_TIMEOUT each try: behind a transaction that never ends, claims stall for about
+# a minute in all before the upgrade gives up (run it again when that transaction is gone).
 UPGRADE_LOCKS = ("jobs", "targets", "attempts", "projects", "organizations", "pools",
                  "capacity_stripes", "capacity_debts", "delivery_receipts", "audit_events")
 LOCK_TIMEOUT = "5s"
@@ -85,7 +87,8 @@ def function_sources(functions_dir: Path = FUNCTIONS_DIR) -> list[tuple[str, str
         ValueError: ``functions_dir`` holds a .sql file that FUNCTION_FILES does not list
             (it would never be loaded).
     """
-    unlisted = sorted({p.name for p in functions_dir.glob("*.sql")} - set(FUNCTION_FILES))
+    unlisted = sorted({p.name for p in functions_dir.glob("*.sql") if not p.name.startswith(".")}
+                      - set(FUNCTION_FILES))  # an editor's lock or backup file is not ours
     if unlisted:
         raise ValueError(f"{functions_dir} has files not in FUNCTION_FILES: {', '.join(unlisted)}")
     return [(name, (functions_dir / name).read_text()) for name in FUNCTION_FILES]
@@ -162,11 +165,11 @@ def upgrade(url: str, *, migrations_dir: Path = MIGRATIONS_DIR,
             _check_compatible(lock_conn, {m.id for m in migrations})
             backend = get_backend(_yoyo_url(url))
             try:
+                _clear_yoyo_lock(backend)
                 backend.ensure_internal_schema_updated()
                 for try_no in range(1, UPGRADE_TRIES + 1):
                     try:
-                        with backend.lock():
-                            applied = _upgrade_once(backend, migrations, sources, digest)
+                        applied = _upgrade_once(backend, migrations, sources, digest)
                         break
                     except Exception as exc:
                         state = _sqlstate(exc)
@@ -184,6 +187,47 @@ def upgrade(url: str, *, migrations_dir: Path = MIGRATIONS_DIR,
     if applied.functions_reloaded:
         log.info("loaded the function files (%s)", digest[:12])
     return applied
+
+
+def _clear_yoyo_lock(backend) -> None:
+    """Delete a lock row yoyo left behind. pgdispatch serialises upgrades with its advisory
+    lock, which PostgreSQL releases with the session however the process ends, so yoyo's own
+    lock row is not taken; one left by a killed older upgrade (or a yoyo command) would make
+    every later upgrade wait and fail ("Process N has locked this database")."""
+    conn = backend.connection
+    with backend.transaction():
+        if conn.execute("SELECT to_regclass('yoyo_lock')").fetchone()[0] is not None:
+            conn.execute("DELETE FROM yoyo_lock")
+
+
+_OURS = """
+    SELECT p.oid::regprocedure::text AS what, p.xmin::text AS version FROM pg_proc p
+     WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'pgd%'
+    UNION ALL
+    SELECT format('trigger %s on %s', t.tgname, t.tgrelid::regclass), t.xmin::text
+      FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+     WHERE NOT t.tgisinternal AND c.relnamespace = 'public'::regnamespace"""
+
+
+def _catalog_versions(conn) -> dict[str, str]:
+    """Our functions and triggers, each with the version (xmin) of its catalog row."""
+    return {what: version for what, version in conn.execute(_OURS).fetchall()}
+
+
+def _refuse_leftovers(before: dict[str, str], after: dict[str, str]) -> None:
+    """Refuse a database that keeps a pgd* function, or a trigger on its tables, that no
+    function file defines (removed from a file, or a signature changed, without a migration
+    that drops the old one): loading every file rewrites the catalog row of everything they
+    define, so such an object is the one whose row kept its version.
+
+    Raises:
+        PgDispatchError: naming the objects (the upgrade is rolled back).
+    """
+    left = sorted(what for what, version in after.items() if before.get(what) == version)
+    if left:
+        raise PgDispatchError(
+            "the database has what no file in sql/functions/ defines: " + ", ".join(left)
+            + "; drop it in a migration (docs/contributing.md); nothing was changed")
 
 
 def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: str) -> Applied:
@@ -206,9 +250,17 @@ def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: s
             conn.execute(f"LOCK TABLE {', '.join(existing)} IN {mode} MODE")
         for migration in pending:
             log.info("applying migration %s", migration.id)
-            migration.process_steps(backend, "apply")  # nested: a savepoint in this transaction
+            try:
+                migration.process_steps(backend, "apply")  # nested: a savepoint in this transaction
+            except Exception as exc:
+                if _sqlstate(exc) in RETRY_SQLSTATES:
+                    raise
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                raise PgDispatchError(
+                    f"sql/migrations/{migration.id}: {first} (nothing was changed)") from exc
             backend.log_migration(migration, "apply")
             backend.mark_one(migration, log=False)
+        before = _catalog_versions(conn)
         for name, text in sources:
             log.debug("loading sql/functions/%s", name)
             try:
@@ -219,6 +271,7 @@ def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: s
                 # the whole upgrade is rolled back; say which file, in one line
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise PgDispatchError(f"sql/functions/{name}: {first} (nothing was changed)") from exc
+        _refuse_leftovers(before, _catalog_versions(conn))
         conn.execute("DELETE FROM _pgdispatch_definitions")
         conn.execute("INSERT INTO _pgdispatch_definitions (digest) VALUES (%s)", (digest,))
     applied = Applied(m.id for m in pending)

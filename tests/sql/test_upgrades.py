@@ -8,6 +8,7 @@ the real ones: it is what the next real migration will look like (docs/contribut
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import time
 
 import pytest
 
-from pgdispatch.sql import IncompatibleDatabase, db, migrate, transitions
+from pgdispatch.sql import IncompatibleDatabase, PgDispatchError, db, migrate, transitions
 
 from ..faults import consistency
 from ..factories import World
@@ -248,3 +249,64 @@ def test_a_database_with_jobs_but_no_migration_record_is_refused(new_database):
         migrate.upgrade(url)
     with db.connect(url) as conn:
         assert conn.execute("SELECT to_regclass('organizations') AS t").fetchone()["t"] is None
+
+
+def test_a_lock_row_left_by_a_killed_upgrade_does_not_lock_the_database_out(db_url, tmp_path):
+    """A killed upgrade of an older version left yoyo's lock row; the advisory lock (released
+    with the session) is what serialises upgrades, so the next one clears it and runs."""
+    _, functions = example_upgrade(tmp_path)
+    with db.connect(db_url) as conn:
+        conn.execute("INSERT INTO yoyo_lock (locked, ctime, pid) VALUES (1, now(), 4242)")
+    started = time.monotonic()
+    assert migrate.upgrade(db_url, functions_dir=functions).functions_reloaded
+    assert time.monotonic() - started < 5  # yoyo would have waited 10 s, then failed
+
+
+def test_a_migration_that_fails_is_named_and_changes_nothing(db_url, tmp_path):
+    migrations, functions = example_upgrade(tmp_path)
+    (migrations / "0003_broken.sql").write_text("ALTER TABLE jobz ADD COLUMN x text;\n")
+    with pytest.raises(PgDispatchError, match=r"^sql/migrations/0003_broken: relation \"jobz\" "
+                                              r"does not exist \(nothing was changed\)$"):
+        migrate.upgrade(db_url, migrations_dir=migrations, functions_dir=functions)
+    assert migrate.applied_migrations(db_url) == ["0001_baseline"]
+    proc = subprocess.run([sys.executable, "-c",
+                           "import sys; from pgdispatch.cli import main; main(sys.argv[1:])",
+                           "db", "upgrade"], env={"DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr  # the real files still upgrade it
+
+
+@pytest.mark.parametrize("leftover", ["a trigger removed from its file", "a function made by hand"])
+def test_what_no_file_defines_is_refused_until_a_migration_drops_it(db_url, tmp_path, leftover):
+    """Removing a function or a trigger from a file would leave it in every live database;
+    the upgrade refuses, naming it, and changes nothing; a migration that drops it settles it."""
+    migrations, functions = example_upgrade(tmp_path)
+    if leftover == "a function made by hand":
+        with db.connect(db_url) as conn:
+            conn.execute("CREATE FUNCTION pgd_stray() RETURNS int LANGUAGE sql AS 'SELECT 1'")
+        name, drop = "pgd_stray()", "DROP FUNCTION pgd_stray();\n"
+    else:
+        audit = functions / "audit.sql"
+        text = audit.read_text()
+        statement = ("CREATE OR REPLACE TRIGGER audit_events_no_truncate BEFORE TRUNCATE ON audit_events\n"
+                     "    FOR EACH STATEMENT EXECUTE FUNCTION pgd_forbid_change();\n")
+        assert statement in text, "update this test with sql/functions/audit.sql"
+        audit.write_text(text.replace(statement, ""))
+        name = "trigger audit_events_no_truncate on audit_events"
+        drop = "DROP TRIGGER audit_events_no_truncate ON audit_events;\n"
+    with pytest.raises(PgDispatchError, match=f"no file in sql/functions/ defines: {re.escape(name)};"):
+        migrate.upgrade(db_url, migrations_dir=migrations, functions_dir=functions)
+    assert migrate.applied_migrations(db_url) == ["0001_baseline"]
+    (migrations / "0003_drop.sql").write_text(drop)
+    assert migrate.upgrade(db_url, migrations_dir=migrations, functions_dir=functions) == [
+        "0002_example", "0003_drop"]
+
+
+def test_an_editor_file_beside_the_function_files_is_not_loaded(tmp_path):
+    functions = tmp_path / "functions"
+    shutil.copytree(migrate.FUNCTIONS_DIR, functions)
+    (functions / ".#claim.sql").write_text("not SQL")
+    assert [n for n, _ in migrate.function_sources(functions)] == list(migrate.FUNCTION_FILES)
+    (functions / "extra.sql").write_text("SELECT 1;")
+    with pytest.raises(ValueError, match="extra.sql"):
+        migrate.function_sources(functions)

@@ -82,7 +82,8 @@ class Context:
     def connect(self):
         from pgdispatch.sql import db
 
-        return db.connect(self.url, application_name="pgdispatch-cli")
+        return db.connect(self.url, application_name="pgdispatch-cli",
+                          statement_deadline_seconds=self.settings.statement_deadline_seconds)
 
 
 def default_actor() -> str:

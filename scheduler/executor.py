@@ -10,7 +10,9 @@ One ``Execution`` per claim, on its own thread. It ties together four parts, a m
   perhaps in one transaction with other executions' (one ``CompletionReporter`` per scheduler).
 
 No database connection is held while the command runs: the heartbeat borrows one from the pool
-for each beat and the completion borrows one at the end.
+for each beat and the completion borrows one at the end. The heartbeats go on after the
+command ends, until its report is answered, so the lease never lapses under a finished job
+whose report is still on its way.
 
 Stopping rules (DESIGN.md, "Transitions"):
 
@@ -186,18 +188,20 @@ class Execution:
                     log.exception("on_started callback failed")
             hb.start()
             stop_reason = self._supervisor.supervise(proc, hb, tail)
-        finally:
+        except BaseException:
             hb.stopping.set()
+            raise
+        finally:
+            hb.command_ended.set()
             # Whatever happened, nothing of the job's process group survives it. The watchdog
             # is disarmed before the reap, while the group id cannot yet belong to a new job
             # whose arm this disarm would cancel.
             end_command(proc, before_reap=hb.disarm_watchdog)
-        # A beat in flight could otherwise race the completion; it is short or it is stuck.
-        hb.join(timeout=self.settings.heartbeat_seconds)
 
         exit_code = proc.returncode
         output = tail.text()
         if stop_reason in ("fenced", "self_fenced"):
+            hb.stopping.set()
             log.warning("job %d attempt %d: %s; killed the process group, not reporting",
                         claim.job_id, claim.attempt_no,
                         "fenced out" if stop_reason == "fenced" else
@@ -205,8 +209,17 @@ class Execution:
             return ExecutionResult(claim, proc.pid, None, exit_code, None, output, stop_reason,
                                    False, None, time.monotonic() - started)
         outcome, error = _outcome_of(claim, stop_reason, exit_code)
-        return self._report(started, lambda: hb.last_ok_sent_at, outcome, exit_code, error,
-                            output, stop_reason)
+        # The heartbeats go on until the report is answered: a report that waits (a stalled
+        # connection, an outage, a retry) must not let the lease lapse under a job whose
+        # command has ended with a true outcome to record.
+        try:
+            return self._report(started, lambda: hb.last_ok_sent_at, outcome, exit_code,
+                                error, output, stop_reason)
+        finally:
+            hb.stopping.set()
+            # a beat still in flight ends on its own (fenced: the attempt has ended), bounded
+            # by the statement deadline
+            hb.join(timeout=self.settings.heartbeat_seconds)
 
     def _report(self, started: float, lease_from: Callable[[], float], outcome: str,
                 exit_code: int | None, error: str | None, output: str,

@@ -1,4 +1,5 @@
-"""Heartbeats: the thread that keeps a running attempt's lease alive while its command runs.
+"""Heartbeats: the thread that keeps a running attempt's lease alive while its command runs,
+and after it until its outcome is reported.
 
 Every ``heartbeat_seconds`` a ``Heartbeat`` borrows a pool connection (no connection is held
 between beats) and extends the lease with ``transitions.heartbeat``. What it learns it only
@@ -8,7 +9,9 @@ records, and wakes the supervision loop (supervision.py), which acts on it:
   the process group at once and nothing is reported. The heartbeat thread ends.
 * cancel requested: ``is_cancel_requested``; the loop stops the command and it is reported
   cancelled.
-* a beat failed (DatabaseUnavailable and kin): tried again after a quarter of the interval.
+* a beat failed (DatabaseUnavailable and kin), or got no answer within half the interval (a
+  stalled connection; sql/db.py, statement_deadline): tried again after a quarter of the
+  interval, on a fresh connection, so that the retry still lands well inside the lease.
   ``last_ok_sent_at`` stays where it was, and the loop fences the job itself
   (``fence_margin_seconds`` before the lease could lapse) if no beat succeeds in time.
 
@@ -23,7 +26,7 @@ import time
 from collections.abc import Callable
 
 from pgdispatch.sql import FencedOut, Settings, transitions
-from pgdispatch.sql.db import checkout
+from pgdispatch.sql.db import checkout, statement_deadline
 from pgdispatch.sql.transitions import Claim
 
 from .output import OutputTail
@@ -59,6 +62,8 @@ class Heartbeat(threading.Thread):
         last_ok_sent_at: monotonic time the last successful beat (or the claim) was sent.
         is_fenced / is_cancel_requested: Events, set from the beats' answers.
         stopping: set it to end the thread (it ends after the beat in flight, if any).
+        command_ended: set once the command has ended; the beats go on (its report may still
+            be on its way), a fenced answer then only means the report got there first.
     """
 
     def __init__(self, claim: Claim, *, pool, settings: Settings, sent_at: float,
@@ -78,6 +83,7 @@ class Heartbeat(threading.Thread):
         self.is_fenced = threading.Event()
         self.is_cancel_requested = threading.Event()
         self.stopping = threading.Event()
+        self.command_ended = threading.Event()
         self._wake = wake
         # arm (after a beat) and disarm (after the job) under one lock, so that a beat still
         # in flight when the job ends cannot re-arm a process group id that is gone, and that
@@ -108,13 +114,16 @@ class Heartbeat(threading.Thread):
             sent = time.monotonic()
             total, text = self.tail.snapshot(HEARTBEAT_TAIL_BYTES) if self.tail else (0, "")
             try:
-                with checkout(self.pool, timeout_seconds=interval) as conn:
+                with checkout(self.pool, timeout_seconds=interval) as conn, \
+                        statement_deadline(conn, interval / 2):
                     lease = transitions.heartbeat(
                         conn, attempt_id=self.claim.attempt_id, generation=self.claim.generation,
                         lease_seconds=self.settings.lease_seconds,
                         output_tail=text if total != self._tail_sent_bytes else None)
                 self._tail_sent_bytes = total
             except FencedOut:
+                if self.command_ended.is_set():
+                    return  # the report was recorded first: the attempt has ended
                 log.warning("job %d attempt %d: heartbeat fenced out", self.claim.job_id,
                             self.claim.attempt_no)
                 self.is_fenced.set()

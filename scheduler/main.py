@@ -120,7 +120,9 @@ class Scheduler:
         # Guards jobs against this process being frozen or killed (scheduler/watchdog.py):
         # it acts a tenth of a lease (at most 1 s) before the lease could lapse.
         self._watchdog = Watchdog(margin_seconds=fence_margin_seconds(self.settings.lease_seconds))
-        self._db = make_scheduler_pool(self.database_url, slots=self.slots)
+        self._db = make_scheduler_pool(
+            self.database_url, slots=self.slots,
+            statement_deadline_seconds=self.settings.statement_deadline_seconds)
         try:
             if not self._register(stop_event):
                 self._db.close()

@@ -18,13 +18,13 @@ from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
 from . import metrics
-from .errors import DatabaseUnavailable, InvalidInput, translate
+from .errors import (Conflict, DatabaseUnavailable, FencedOut, InvalidInput, NotFound,
+                     translate)
 from .queries import Q
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-Connection = psycopg.Connection
 # Deadlock and serialization failure (PostgreSQL docs 13.4); and what a call that started
 # its function before an upgrade committed meets when it goes on after it, with the old
 # body's plans cached: 42P10 when the unique index its INSERT ... ON CONFLICT names was
@@ -48,18 +48,98 @@ MAX_TRIES = 6
 PREPARE_THRESHOLD = None
 
 
-def connect(url: str, *, application_name: str = "pgdispatch", **kwargs: Any) -> psycopg.Connection:
+# How long the client waits for any answer from the server — a statement's result, a COMMIT's,
+# the pool's liveness check — before it gives up on the connection (seconds; the setting
+# PGDISPATCH_STATEMENT_DEADLINE_SECONDS, sql/settings.py). TCP keepalives cannot see a peer
+# that answers them but never the query: a pooler or a middlebox that stalled, a server
+# process stuck behind a lock nobody releases. Without a deadline one such answer holds its
+# thread for good (issue 16: every later report of a scheduler queued behind one). Every
+# statement of ours is a short function call; no healthy one comes near this.
+STATEMENT_DEADLINE_SECONDS = 30.0
+# After the deadline, how long the cancel request (sent on its own connection) has to take
+# effect before the connection is closed anyway (seconds; at most a quarter of the deadline).
+CANCEL_GRACE_SECONDS = 2.0
+_WAIT_INTERVAL = 0.1  # how often psycopg's wait loop looks up from the socket (its default)
+
+
+class NoAnswer(psycopg.OperationalError):
+    """No answer came within the connection's statement deadline; the statement was cancelled
+    and the connection closed. Whether it committed is unknown (like any lost connection)."""
+
+
+class Connection(psycopg.Connection):
+    """psycopg's connection with a client-side deadline on every answer it waits for.
+
+    psycopg runs each network exchange (a statement and its results, BEGIN, COMMIT, the
+    pool's check) through ``wait``; this one bounds it by ``statement_deadline_seconds``.
+    When no answer came in time it does what psycopg itself does on Ctrl-C (psycopg docs,
+    "Interrupting a query"): asks the server to cancel, gives the cancel
+    CANCEL_GRACE_SECONDS (at most a quarter of the deadline), then closes the connection whatever happened — a late answer is
+    not trusted, and a cancel still on its way must not hit the connection's next statement
+    — and raises NoAnswer, which callers meet as DatabaseUnavailable (a pool discards the
+    closed connection; the retry runs on a fresh one). Waits that carry their own timeout
+    (``notifies(timeout=...)``) are left alone. ``None``: no deadline (db upgrade, whose lock
+    waits are bounded by lock_timeout, and the wake-up listener).
+    """
+
+    statement_deadline_seconds: float | None = STATEMENT_DEADLINE_SECONDS
+
+    def wait(self, gen, interval: float = _WAIT_INTERVAL, timeout: float | None = None):
+        deadline = self.statement_deadline_seconds
+        if timeout is not None or deadline is None:
+            return super().wait(gen, interval=interval, timeout=timeout)
+        try:
+            return super().wait(gen, interval=interval, timeout=deadline)
+        except pg_errors._WaitTimeout:  # psycopg's own signal for a wait that timed out
+            pass
+        log.warning("no answer from the database in %g s; cancelling and closing the "
+                    "connection", deadline)
+        metrics.STATEMENT_DEADLINES.inc()
+        grace = min(CANCEL_GRACE_SECONDS, deadline / 4)
+        try:
+            self.cancel_safe(timeout=grace)
+            super().wait(gen, interval=interval, timeout=grace)
+        except Exception:  # noqa: BLE001 - whatever the cancel led to, the connection goes
+            pass
+        self.pgconn.finish()
+        raise NoAnswer(f"no answer from the database within {deadline:g} s "
+                       "(the connection was closed; it may have committed)")
+
+
+@contextlib.contextmanager
+def statement_deadline(conn: psycopg.Connection, seconds: float) -> Iterator[None]:
+    """Within the block, bound every answer ``conn`` waits for by at most ``seconds`` (a
+    tighter bound than the connection's own, never a looser one); restored after it. A
+    heartbeat uses it so that one stalled beat gives up before the lease it renews could
+    lapse, and the next beat runs on a fresh connection."""
+    before = getattr(conn, "statement_deadline_seconds", None)
+    if not isinstance(conn, Connection):
+        yield
+        return
+    conn.statement_deadline_seconds = seconds if before is None else min(before, seconds)
+    try:
+        yield
+    finally:
+        conn.statement_deadline_seconds = before
+
+
+def connect(url: str, *, application_name: str = "pgdispatch",
+            statement_deadline_seconds: float | None = STATEMENT_DEADLINE_SECONDS,
+            **kwargs: Any) -> Connection:
     """Open an autocommit connection returning dict rows; open transactions with
-    ``with conn.transaction():``.
+    ``with conn.transaction():``. Every answer it waits for is bounded by
+    ``statement_deadline_seconds`` (``Connection``; None: unbounded).
 
     Raises:
-        DatabaseUnavailable: the server cannot be reached.
+        DatabaseUnavailable: the server cannot be reached (or did not answer within
+            CONNECT_TIMEOUT_SECONDS).
     """
     try:
-        conn = psycopg.connect(url, autocommit=True, row_factory=dict_row,
-                               application_name=application_name,
-                               **{"prepare_threshold": PREPARE_THRESHOLD, **tcp_liveness(url),
-                                  **kwargs})
+        conn = Connection.connect(url, autocommit=True, row_factory=dict_row,
+                                  application_name=application_name,
+                                  **{"prepare_threshold": PREPARE_THRESHOLD, **tcp_liveness(url),
+                                     **kwargs})
+        conn.statement_deadline_seconds = statement_deadline_seconds
     except psycopg.ProgrammingError as exc:
         # libpq could not parse the URL / conninfo
         raise InvalidInput(f"not a valid database URL: {str(exc).splitlines()[0]}") from None
@@ -97,8 +177,11 @@ def bound_idle_transactions(conn: psycopg.Connection) -> None:
 # vanished — a partition, a dead middlebox — fails within about half a minute instead of
 # blocking a thread until the kernel gives up, hours later: keepalive probes while waiting
 # for an answer, and a bound on unacknowledged writes (PostgreSQL docs 32.1.2).
+# connect_timeout bounds the connection set-up, which the statement deadline does not cover.
+CONNECT_TIMEOUT_SECONDS = 10
 TCP_LIVENESS = {"keepalives": "1", "keepalives_idle": "15", "keepalives_interval": "5",
-                "keepalives_count": "3", "tcp_user_timeout": "30000"}
+                "keepalives_count": "3", "tcp_user_timeout": "30000",
+                "connect_timeout": str(CONNECT_TIMEOUT_SECONDS)}
 
 
 def tcp_liveness(url: str) -> dict[str, str]:
@@ -111,15 +194,25 @@ def tcp_liveness(url: str) -> dict[str, str]:
 
 
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pgdispatch",
-              timeout_seconds: float = 10.0) -> ConnectionPool:
+              timeout_seconds: float = 10.0,
+              statement_deadline_seconds: float | None = STATEMENT_DEADLINE_SECONDS
+              ) -> ConnectionPool:
     """A connection pool whose connections are checked on checkout, so that after a
-    database restart a broken connection is replaced instead of handed out."""
+    database restart a broken connection is replaced instead of handed out. Every answer a
+    connection waits for, the check's included, is bounded by ``statement_deadline_seconds``
+    (``Connection``)."""
+
+    def configure(conn: Connection) -> None:
+        conn.statement_deadline_seconds = statement_deadline_seconds
+        bound_idle_transactions(conn)
+
     return ConnectionPool(
         url, min_size=min_size, max_size=max_size, name=name, open=True,
-        timeout=timeout_seconds, check=ConnectionPool.check_connection,
+        connection_class=Connection, timeout=timeout_seconds,
+        check=ConnectionPool.check_connection,
         kwargs=dict(autocommit=True, row_factory=dict_row, application_name=name,
                     prepare_threshold=PREPARE_THRESHOLD, **tcp_liveness(url)),
-        configure=bound_idle_transactions, reconnect_timeout=300)
+        configure=configure, reconnect_timeout=300)
 
 
 def acquire(pool: ConnectionPool, *, timeout_seconds: float | None = None) -> psycopg.Connection:
@@ -148,10 +241,13 @@ def checkout(pool: ConnectionPool, *, timeout_seconds: float | None = None
     """Borrow a connection from ``pool`` for one short piece of work (``acquire``, then
     ``release`` when the block ends, however it ends).
 
+    A connection that met anything but one of the database's refusals (``REFUSALS``) is
+    closed, not reused.
+
     Raises:
         DatabaseUnavailable: no connection within ``timeout_seconds`` (the pool's default when
-        None), or the connection broke while in use (the server went away, was restarted, or
-        refused us).
+        None), or the connection broke while in use (the server went away, was restarted,
+        refused us, or gave no answer within the statement deadline).
         Our other exceptions (sql.errors) pass through; a psycopg error raised in the block is
         translated (sql.errors.translate), and one that is not ours is re-raised unchanged.
     """
@@ -160,11 +256,31 @@ def checkout(pool: ConnectionPool, *, timeout_seconds: float | None = None
         yield conn
     except psycopg.Error as exc:
         raised = _unavailable(exc, is_checkout=False)
+        if not isinstance(raised, REFUSALS):
+            _discard(conn)
         if raised is exc:
             raise
         raise raised from None
+    except DatabaseUnavailable:
+        _discard(conn)
+        raise
     finally:
         release(pool, conn)
+
+
+# The database's own answers to a request (SQLSTATE PD*, a constraint or a bad value): the
+# connection that carried them is healthy. After any other error — a pooler's, a broken or
+# stalled link, one we do not expect — the connection is closed rather than reused, so that
+# what the caller retries runs on a fresh one.
+REFUSALS = (NotFound, InvalidInput, Conflict, FencedOut)
+
+
+def _discard(conn: psycopg.Connection) -> None:
+    """Close ``conn`` so that its pool replaces it instead of handing it out again."""
+    try:
+        conn.close()
+    except Exception:  # noqa: BLE001 - it is being thrown away
+        pass
 
 
 def _unavailable(exc: psycopg.Error, *, is_checkout: bool) -> BaseException:

@@ -18,3 +18,7 @@ EXPIRY_FAILURES = Counter(
 LEASE_EXPIRATIONS = Counter(
     "pgdispatch_lease_expirations_total", "Leases ended by the expiry pass in this process.",
     ["kind"])
+STATEMENT_DEADLINES = Counter(
+    "pgdispatch_statement_deadlines_total",
+    "Answers from the database that did not come within the statement deadline (sql/db.py, "
+    "Connection): the statement was cancelled and its connection closed.")

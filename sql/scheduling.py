@@ -28,16 +28,20 @@ __all__ = ["WAKEUP_CHANNEL", "backend_pid", "listen_for_work", "make_scheduler_p
 WAKEUP_CHANNEL = "pgdispatch_queued"  # migrations/0006_wakeups.sql; payload: the pool id
 
 
-def make_scheduler_pool(url: str, *, slots: int, timeout_seconds: float = 2.0) -> ConnectionPool:
+def make_scheduler_pool(url: str, *, slots: int, timeout_seconds: float = 2.0,
+                        statement_deadline_seconds: float = 30.0) -> ConnectionPool:
     """A pool sized for one scheduler: a connection per running job (its heartbeats and its
     completion) plus a few for the periodic jobs (claim, expiry, summary, runner keep-alive).
 
     Connections are only borrowed for one short transaction; none is held while a job runs.
     ``timeout_seconds`` bounds how long a checkout waits: short, so that during an outage a
     periodic job fails fast and backs off instead of queueing behind the reconnection.
+    ``statement_deadline_seconds`` bounds every answer a connection waits for
+    (sql/db.py, Connection).
     """
     return make_pool(url, min_size=1, max_size=slots + 4, name="pgdispatch-scheduler",
-                     timeout_seconds=timeout_seconds)
+                     timeout_seconds=timeout_seconds,
+                     statement_deadline_seconds=statement_deadline_seconds)
 
 
 def backend_pid(conn) -> int | None:
@@ -80,7 +84,8 @@ def listen_for_work(url: str, pool_ids: list[int], on_work: Callable[[], None],
     delay = 0.5
     while not stop.is_set():
         try:
-            with connect(url, application_name="pgdispatch-listener") as conn:
+            with connect(url, application_name="pgdispatch-listener",
+                         statement_deadline_seconds=None) as conn:
                 conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
                 delay = 0.5
                 _call(on_work)

@@ -51,6 +51,9 @@ class Settings:
         expire_interval_seconds: how often a scheduler runs the expiry pass.
         summary_interval_seconds: how often a scheduler refreshes the queue summary.
         backoff_base_seconds / backoff_cap_seconds: retry backoff (see pgd_backoff_seconds).
+        statement_deadline_seconds: how long a client waits for any answer from the
+            database before it cancels, closes the connection and retries on a fresh one
+            (sql/db.py, Connection).
         secret_key: session signing key for the console; None until resolved.
         bind: console address, HOST:PORT.
     """
@@ -64,6 +67,7 @@ class Settings:
     summary_interval_seconds: float = 5.0
     backoff_base_seconds: float = 2.0
     backoff_cap_seconds: float = 300.0
+    statement_deadline_seconds: float = 30.0
     secret_key: str | None = None
     bind: str = "127.0.0.1:8000"
 
@@ -91,6 +95,7 @@ class Settings:
             summary_interval_seconds=seconds("SUMMARY_INTERVAL", 5.0, MAX_INTERVAL_SECONDS),
             backoff_base_seconds=seconds("BACKOFF_BASE", 2.0, MAX_BACKOFF_SECONDS),
             backoff_cap_seconds=seconds("BACKOFF_CAP", 300.0, MAX_BACKOFF_SECONDS),
+            statement_deadline_seconds=seconds("STATEMENT_DEADLINE", 30.0, MAX_INTERVAL_SECONDS),
             secret_key=env.get("PGDISPATCH_SECRET_KEY") or None,
             bind=env.get("PGDISPATCH_BIND") or "127.0.0.1:8000",
         )

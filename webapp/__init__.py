@@ -85,6 +85,7 @@ def create_app(settings: sql.Settings | None = None, *, database_url: str | None
         DB_POOL_MIN_SIZE=1,
         DB_POOL_MAX_SIZE=8,
         DB_POOL_TIMEOUT_SECONDS=5.0,
+        DB_STATEMENT_DEADLINE_SECONDS=settings.statement_deadline_seconds,
         # a runner is live for one lease after its keep-alive (docs/design.md)
         RUNNER_LIVE_SECONDS=settings.lease_seconds,
         POLL_SECONDS=2,

@@ -10,6 +10,13 @@ transitions) — is forwarded; everything the server answers from then until its
 ReadyForQuery says "idle" is swallowed, and the client's socket is closed: the transaction
 committed, the client never hears. (Inside an explicit transaction the answers are passed on
 until the COMMIT's.) ``ReplyDrop`` is that decision, shared with tests/faults/chaos_proxy.py.
+
+Armed with ``stall=True`` the proxy does what a stalled pooler or middlebox does instead: the
+answer is swallowed but the client's connection stays open (TCP keepalives are answered by
+the kernel as usual), so the client waits for an answer that never comes. ``refuse(marker,
+sqlstate, message)`` makes the proxy answer the next request containing ``marker`` with that
+error itself, never forwarding it, as PgBouncer does with its own errors (08P01 and kin); or,
+with no SQLSTATE, swallow it and never answer (a pooler stalled before the server).
 """
 
 from __future__ import annotations
@@ -121,6 +128,10 @@ class CommitDroppingProxy:
         self.drop_after_commit = threading.Event()
         self.marker: bytes | None = None
         self.commits_dropped = 0
+        self.stall = False
+        self.refusal: tuple[bytes, str | None, str | None] | None = None
+        self.refused = 0
+        self._links: list[tuple[socket.socket, socket.socket]] = []
         self._closed = threading.Event()
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -133,6 +144,13 @@ class CommitDroppingProxy:
         self._closed.set()
         self.listener.close()
 
+    def close_clients(self) -> None:
+        """Cut every connection made through the proxy so far (both sides)."""
+        with self._lock:
+            links, self._links = self._links, []
+        for client, server in links:
+            self._close(client, server)
+
     def _connect_upstream(self) -> socket.socket:
         if isinstance(self.upstream, str):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -141,11 +159,46 @@ class CommitDroppingProxy:
         s.connect(self.upstream)
         return s
 
-    def arm(self, marker: str | None = None) -> None:
-        """Drop the end of the next transaction (only a statement containing ``marker``)."""
+    def arm(self, marker: str | None = None, *, stall: bool = False) -> None:
+        """Drop the end of the next transaction (only a statement containing ``marker``);
+        with ``stall`` keep the client's connection open, answering nothing more on it."""
         with self._lock:
             self.marker = marker.encode() if marker else None
+            self.stall = stall
         self.drop_after_commit.set()
+
+    def refuse(self, marker: str, sqlstate: str | None, message: str | None = None) -> None:
+        """Answer the next request whose text contains ``marker`` (sent while the session is
+        idle) with an ErrorResponse of ``sqlstate`` and ``message``; it never reaches the
+        server. ``sqlstate`` None: swallow the next request containing ``marker`` (idle or
+        inside a transaction) and answer nothing at all."""
+        with self._lock:
+            self.refusal = (marker.encode(), sqlstate, message)
+
+    def _refusal_for(self, kind: bytes, body: bytes, drop: ReplyDrop) -> bytes | None:
+        """The error to answer instead of forwarding, when this message starts the refused
+        request; None otherwise."""
+        if kind == b"Q":
+            text = body
+        elif kind == b"P":
+            text = body.split(b"\x00", 1)[1]
+        else:
+            return None
+        with self._lock:
+            # an error is answered with ReadyForQuery "idle", so only to a request sent idle;
+            # a request swallowed whole may come at any point
+            if (self.refusal is None or self.refusal[0] not in text
+                    or (self.refusal[1] is not None and not drop.idle)):
+                return None
+            _, sqlstate, message = self.refusal
+            self.refusal = None
+            self.refused += 1
+        if sqlstate is None:
+            return b""
+        fields = b"".join(code + value.encode() + b"\x00" for code, value in
+                          ((b"S", "ERROR"), (b"V", "ERROR"), (b"C", sqlstate), (b"M", message)))
+        body = fields + b"\x00"
+        return b"E" + struct.pack("!I", len(body) + 4) + body + b"Z" + struct.pack("!I", 5) + b"I"
 
     def _accept(self) -> None:
         while not self._closed.is_set():
@@ -154,6 +207,8 @@ class CommitDroppingProxy:
             except OSError:
                 return
             server = self._connect_upstream()
+            with self._lock:
+                self._links.append((client, server))
             drop = ReplyDrop(self.drop_after_commit, self)
             threading.Thread(target=self._pump_server, args=(server, client, drop), daemon=True).start()
             threading.Thread(target=self._pump_client, args=(client, server, drop), daemon=True).start()
@@ -175,6 +230,11 @@ class CommitDroppingProxy:
             while True:
                 out = drop.server_message(*read_message(server))
                 if out is None:
+                    if self.stall:
+                        # the client hears nothing more, and its socket stays open until it
+                        # gives up on it (its own close ends _pump_client, which closes both)
+                        while True:
+                            read_message(server)
                     break
                 if out:
                     client.sendall(out)
@@ -185,8 +245,20 @@ class CommitDroppingProxy:
     def _pump_client(self, client: socket.socket, server: socket.socket, drop: ReplyDrop) -> None:
         try:
             pass_startup(client, server)
+            refusing: bytes | None = None
             while True:
                 kind, body = read_message(client)
+                if refusing is None:
+                    refusing = self._refusal_for(kind, body, drop)
+                if refusing is not None:
+                    # swallow the request up to its end (Sync, or the simple Query itself),
+                    # then answer it with the error
+                    if kind in (b"S", b"Q"):
+                        if refusing:
+                            client.sendall(refusing)
+                            refusing = None
+                        # else: swallowed, nothing is ever answered on this connection
+                    continue
                 drop.client_message(kind, body)
                 server.sendall(kind + struct.pack("!I", len(body) + 4) + body)
         except (OSError, ConnectionError, struct.error):

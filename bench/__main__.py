@@ -19,6 +19,7 @@ BENCHMARKS = {
     "report": "bench.report",
     "costs": "bench.costs",
     "running": "bench.running",
+    "claim-wal": "bench.claim_wal",
     # every benchmark above once, at sizes that take seconds (make bench-smoke, make test)
     "smoke": "bench.smoke",
 }

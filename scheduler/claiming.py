@@ -13,12 +13,14 @@ back full; a batch that comes back short hands the next pick to an ordinary clai
 (another project, or a deployment, may be next in line). Deployments are only ever claimed
 one at a time, by ``claim``: they take a target, and pgd_claim_batch leaves them alone.
 
-A claim whose connection broke may still have committed. Every token it carried (one for a
-claim, all of a batch's) is kept with the server session it ran in, and the next run asks the
-database before claiming anything new (transitions.recover_claim: first make sure that
-session has ended, so the answer is final, then look each token up): a claim that did commit
-is renewed with a heartbeat and run — or, when the scheduler is draining, handed back at once
-(its command never started); a token that did not commit is forgotten.
+A claim whose connection broke may still have committed, or still be running on the server
+and commit later (blocked on a lock, say). The tokens it carried (one for a claim, all of a
+batch's, in order) are kept as one group, and the next run settles each group in one call
+before claiming anything new (transitions.recover_claims: the database voids every token that
+has not committed, for good, so the answer cannot change after it is given; no server session
+needs to be found or ended): a claim that did commit is renewed with a heartbeat and run — or,
+when the scheduler is draining, handed back at once (its command never started); a token that
+did not commit is forgotten.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from collections.abc import Callable
 
 from pgdispatch.sql import DatabaseUnavailable, FencedOut, Settings, transitions
 from pgdispatch.sql.db import checkout
-from pgdispatch.sql.scheduling import backend_pid
 from pgdispatch.sql.transitions import Claim
 from pgdispatch.sql.validate import check_max_batch
 
@@ -69,9 +70,9 @@ class Claimer:
         self.max_batch = check_max_batch(max_batch)
         self._lock = threading.Lock()
         self._again = False
-        # claim token -> server session (pid) of the claim whose answer was lost; a lost
-        # batch leaves all of its tokens here, with the one session they shared
-        self._pending: dict[str, int | None] = {}
+        # the tokens of each claim whose answer was lost, one list per claim (a batch's in
+        # the order sent): what one recovery settles (transitions.recover_claims)
+        self._pending: list[list[str]] = []
 
     def fill(self) -> int:
         """Claim until the slots are full, nothing is eligible, or draining; returns how many
@@ -133,11 +134,9 @@ class Claimer:
         try:
             with checkout(self.pool) as conn:
                 sent = time.monotonic()
-                # Recorded before the request leaves: if its answer is lost, each token is
-                # looked up by the next run (_recover_pending).
-                session = backend_pid(conn)
-                for token in tokens:
-                    self._pending[token] = session
+                # Recorded before the request leaves: if its answer is lost, the next run
+                # settles the claim (_recover_pending).
+                self._pending.append(tokens)
                 if len(tokens) == 1:
                     claim = transitions.claim(conn, runner_id=self.runner_id,
                                               pools=self.pool_ids, claim_token=tokens[0],
@@ -147,8 +146,7 @@ class Claimer:
                     claims = transitions.claim_batch(conn, runner_id=self.runner_id,
                                                      pools=self.pool_ids, claim_tokens=tokens,
                                                      lease_seconds=self.settings.lease_seconds)
-                for token in tokens:
-                    del self._pending[token]
+                self._pending.remove(tokens)
                 answered = True
         except DatabaseUnavailable:
             if not answered:
@@ -164,54 +162,64 @@ class Claimer:
         return claims
 
     def _recover_pending(self) -> int:
-        """Ask whether claims whose answer was lost committed; run those that did (hand them
-        back when draining). Each lost session is settled once, however many tokens it
-        carried.
+        """Settle the claims whose answer was lost, one call per claim; run what committed
+        (hand it back when draining) and forget the rest.
 
         Raises:
             DatabaseUnavailable: the database could not answer; what is left stays pending.
         """
         launched = 0
-        settled: set[int] = set()
-        for token, session in list(self._pending.items()):
-            with checkout(self.pool) as conn:
-                found = transitions.recover_claim(
-                    conn, claim_token=token,
-                    backend_pid=None if session is None or session in settled else session)
-                if session is not None:
-                    settled.add(session)
-                if found is None:
-                    log.info("claim %s did not commit", token)
-                    del self._pending[token]
-                    continue
-                claim, state = found
-                if state != "running":
-                    # Already ended (expired, cancelled): nothing of it is ours to run.
-                    log.info("claim %s committed as job %d attempt %d, now %s; not running it",
-                             token, claim.job_id, claim.attempt_no, state)
-                    del self._pending[token]
-                    continue
-                if self.is_draining():
-                    self._hand_back(conn, claim)
-                    del self._pending[token]
-                    continue
-                # Its lease may be nearly gone: renew it before running, so the self-fencing
-                # clock starts from this request.
-                sent = time.monotonic()
-                try:
-                    transitions.heartbeat(conn, attempt_id=claim.attempt_id,
-                                          generation=claim.generation,
-                                          lease_seconds=self.settings.lease_seconds)
-                except FencedOut:
-                    log.info("claim %s committed but was fenced out since", token)
-                    del self._pending[token]
-                    continue
-                del self._pending[token]
-            log.info("claimed job %d attempt %d (generation %d), recovered after a lost "
-                     "connection", claim.job_id, claim.attempt_no, claim.generation)
-            self.launch(claim, sent)
-            launched += 1
+        while self._pending:
+            group = self._pending[0]
+            ready: list[tuple[Claim, float]] = []
+            try:
+                with checkout(self.pool) as conn:
+                    found = transitions.recover_claims(conn, claim_tokens=group,
+                                                       runner_id=self.runner_id)
+                    # Settled: each token of the group is committed (found) or void for good.
+                    # What is left to do keeps only the committed ones; asking again about
+                    # those (after an outage below) gives the same answer.
+                    committed = [claim.claim_token for claim, _ in found]
+                    for token in group:
+                        if token not in committed:
+                            log.info("claim %s did not commit; void", token)
+                    group[:] = committed
+                    for claim, state in found:
+                        sent = self._renew_recovered(conn, claim, state)
+                        if sent is not None:
+                            ready.append((claim, sent))
+                        group.remove(claim.claim_token)
+                self._pending.remove(group)
+            finally:
+                for claim, sent in ready:  # renewed: run it, whatever happens to the rest
+                    log.info("claimed job %d attempt %d (generation %d), recovered after a "
+                             "lost connection", claim.job_id, claim.attempt_no, claim.generation)
+                    self.launch(claim, sent)
+                    launched += 1
         return launched
+
+    def _renew_recovered(self, conn, claim: Claim, state: str) -> float | None:
+        """A recovered claim that committed: renew its lease and return when the renewal was
+        sent (``time.monotonic()``), or None when it is not to be run (ended since, fenced
+        out, or handed back because we are draining)."""
+        if state != "running":
+            # Already ended (expired, cancelled): nothing of it is ours to run.
+            log.info("claim %s committed as job %d attempt %d, now %s; not running it",
+                     claim.claim_token, claim.job_id, claim.attempt_no, state)
+            return None
+        if self.is_draining():
+            self._hand_back(conn, claim)
+            return None
+        # Its lease may be nearly gone: renew it before running, so the self-fencing clock
+        # starts from this request.
+        sent = time.monotonic()
+        try:
+            transitions.heartbeat(conn, attempt_id=claim.attempt_id, generation=claim.generation,
+                                  lease_seconds=self.settings.lease_seconds)
+        except FencedOut:
+            log.info("claim %s committed but was fenced out since", claim.claim_token)
+            return None
+        return sent
 
     def _hand_back(self, conn, claim: Claim) -> None:
         """Give a recovered claim back unrun (we are stopping): the job is re-queued, not

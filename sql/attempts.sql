@@ -2,12 +2,9 @@
 -- Take the next eligible job (SKIP LOCKED) and reserve its capacity in lock order; see pgd_claim (sql/functions/claim.sql).
 SELECT * FROM pgd_claim(:runner_id, CAST(:pool_ids AS bigint[]), CAST(:claim_token AS uuid), :lease_seconds);
 
--- name: find_claim^
--- After a lost connection: did the claim with this token commit? Read-only.
-SELECT a.id AS attempt_id, a.job_id, a.attempt_no, a.generation, a.lease_expires_at, a.state,
-       j.project_id, j.pool_id, j.target_id, j.command, j.timeout_seconds
-  FROM attempts a JOIN jobs j ON j.id = a.job_id
- WHERE a.claim_token = CAST(:claim_token AS uuid);
+-- name: recover_claims
+-- After a lost answer: tombstone one claim's tokens, wait out a claim about to commit, return what committed; see pgd_recover_claims.
+SELECT * FROM pgd_recover_claims(CAST(:claim_tokens AS uuid[]), :runner_id);
 
 -- name: heartbeat^
 -- Heartbeat: extend the lease only if the attempt still runs with this generation; no row = fenced out.
@@ -39,14 +36,6 @@ SELECT a.id, a.job_id, a.attempt_no, a.generation, a.runner_id, r.name AS runner
   FROM attempts a JOIN runners r ON r.id = a.runner_id
  WHERE a.job_id = :job_id
  ORDER BY a.attempt_no;
-
--- name: end_backend$
--- After a lost connection, make sure its server session is gone so its last transaction is settled.
-SELECT pg_terminate_backend(:pid) WHERE EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = :pid);
-
--- name: is_backend_alive$
--- Whether a server session (by pid) still exists. Read-only.
-SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = :pid);
 
 -- name: claim_batch
 -- Up to len(claim_tokens) build jobs of one (project, pool) in one transaction; see pgd_claim_batch.

@@ -1,5 +1,5 @@
 """What the scheduler process needs from ``sql`` beyond the transitions: a pool sized for
-it, the pools a runner serves, its session's backend pid, and the wake-up listener.
+it, the pools a runner serves, and the wake-up listener.
 
 Connections are borrowed with ``pgdispatch.sql.db.checkout``: ``scheduler`` never imports psycopg, so a
 dropped connection, a pool that cannot hand out a connection in time, or a server that
@@ -22,8 +22,7 @@ from .queries import Q
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WAKEUP_CHANNEL", "backend_pid", "listen_for_work", "make_scheduler_pool",
-           "runner_pool_ids"]
+__all__ = ["WAKEUP_CHANNEL", "listen_for_work", "make_scheduler_pool", "runner_pool_ids"]
 
 WAKEUP_CHANNEL = "pgdispatch_queued"  # migrations/0006_wakeups.sql; payload: the pool id
 
@@ -42,15 +41,6 @@ def make_scheduler_pool(url: str, *, slots: int, timeout_seconds: float = 2.0,
     return make_pool(url, min_size=1, max_size=slots + 4, name="pgdispatch-scheduler",
                      timeout_seconds=timeout_seconds,
                      statement_deadline_seconds=statement_deadline_seconds)
-
-
-def backend_pid(conn) -> int | None:
-    """The server process id of ``conn``'s session, None when it is not connected; after the
-    connection is lost, ``transitions.recover_claim`` uses it to settle that session."""
-    try:
-        return conn.info.backend_pid or None
-    except psycopg.Error:
-        return None
 
 
 @transition("runner_pool_ids")

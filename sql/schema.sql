@@ -193,6 +193,15 @@ CREATE UNIQUE INDEX attempts_one_running_per_job ON attempts (job_id) WHERE stat
 CREATE INDEX attempts_lease_idx ON attempts (lease_expires_at) WHERE state = 'running';
 CREATE INDEX attempts_runner_idx ON attempts (runner_id) WHERE state = 'running';
 
+-- Claim tokens voided by a recovery (pgd_recover_claims, sql/functions/claim.sql): a claim
+-- that carries one of them fails at its last step, so nothing of it commits. Written only
+-- after a claim's answer was lost; a claim only reads it. Kept a day (why: claim.sql).
+CREATE TABLE claim_tombstones (
+    claim_token uuid PRIMARY KEY,
+    runner_id   bigint,
+    voided_at   timestamptz NOT NULL DEFAULT now()
+);
+
 -- The first answer to each completion's receipt key; append-only (sql/functions/audit.sql).
 CREATE TABLE delivery_receipts (
     key        text PRIMARY KEY CHECK (length(key) BETWEEN 1 AND 200),

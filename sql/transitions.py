@@ -98,7 +98,8 @@ def claim(conn, *, runner_id: int, pools: Sequence[int], claim_token: str,
     clock). Returns None when nothing is eligible.
 
     Raises:
-        NotFound: unknown runner. InvalidInput: bad lease. Conflict: claim token reused.
+        NotFound: unknown runner. InvalidInput: bad lease. Conflict: claim token reused, or
+        voided by ``recover_claims`` (nothing of the claim committed).
     """
     started = time.perf_counter()
     row = Q.claim(conn, runner_id=runner_id, pool_ids=list(pools),
@@ -116,6 +117,7 @@ def claim_batch(conn, *, runner_id: int, pools: Sequence[int], claim_tokens: Seq
 
     Raises:
         InvalidInput: 0 or more than 1000 tokens, bad lease. NotFound: unknown runner.
+        Conflict: a token reused, or voided by ``recover_claims`` (nothing committed).
     """
     tokens = [str(t) for t in claim_tokens]
     started = time.perf_counter()
@@ -154,49 +156,30 @@ def complete_batch(conn, *, items: Sequence[dict[str, Any]], backoff_base_second
     return [r["answer"] for r in rows]
 
 
-@transition("find_claim")
-def find_claim(conn, *, claim_token: str) -> tuple[Claim, str] | None:
-    """After a lost connection, whether the claim with ``claim_token`` committed.
+@transition("recover_claims", one_statement=True)
+def recover_claims(conn, *, claim_tokens: Sequence[str], runner_id: int) -> list[tuple[Claim, str]]:
+    """After the answer to a claim was lost: settle for good whether it committed.
+
+    ``claim_tokens`` are exactly the tokens of one claim: the one token of ``claim``, or
+    every token of one ``claim_batch``, in the order they were sent (the first keys the lock
+    both sides take). One statement (pgd_recover_claims, sql/functions/claim.sql): a
+    tombstone for every token, recorded as voided by ``runner_id``, then a wait for a claim
+    with these tokens that is past its tombstone check (about to commit; a claim blocked
+    before that, on a lock, is not waited for), then the attempts that carry the tokens.
+    It never needs the lost server session, which behind a pooler is not the client's.
 
     Returns:
-        (claim, attempt state) when it did, None when it did not.
-    """
-    row = Q.find_claim(conn, claim_token=str(claim_token))
-    return None if row is None else (_claim_from(row, claim_token), row["state"])
-
-
-def settle_backend(conn, *, backend_pid: int, wait_seconds: float = 10.0) -> bool:
-    """Make sure the server session ``backend_pid`` (of a connection we lost) has ended, so
-    that its last transaction is settled — committed or rolled back, not still in flight.
-
-    Terminates it if it is still there (pg_terminate_backend; PostgreSQL docs 9.28.2) and
-    waits up to ``wait_seconds``. Returns True when it is gone.
-    """
-    Q.end_backend(conn, pid=backend_pid)
-    deadline = time.monotonic() + wait_seconds
-    while Q.is_backend_alive(conn, pid=backend_pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
-def recover_claim(conn, *, claim_token: str, backend_pid: int | None,
-                  wait_seconds: float = 10.0) -> tuple[Claim, str] | None:
-    """After the connection of a claim was lost: did that claim commit?
-
-    First settles the lost session (``settle_backend``) so the answer cannot change after it
-    is given, then looks the claim token up. Returns (claim, attempt state) or None.
-
+        (claim, attempt state) for each token whose claim committed, in token order. Every
+        token not returned is void: no claim with it can commit any more. Asking again
+        gives the same answer.
     Raises:
-        DatabaseUnavailable: the lost session could not be confirmed ended in ``wait_seconds``.
+        InvalidInput: no tokens, or more than 1000.
     """
-    from .errors import DatabaseUnavailable
-
-    if backend_pid is not None and not settle_backend(conn, backend_pid=backend_pid,
-                                                      wait_seconds=wait_seconds):
-        raise DatabaseUnavailable(f"session {backend_pid} of the lost claim is still running")
-    return find_claim(conn, claim_token=claim_token)
+    tokens = [str(t) for t in claim_tokens]
+    if not 1 <= len(tokens) <= 1000:
+        raise InvalidInput(f"a recovery names 1 to 1000 claim tokens, got {len(tokens)}")
+    rows = Q.recover_claims(conn, claim_tokens=tokens, runner_id=runner_id)
+    return [(_claim_from(r, r["claim_token"]), r["state"]) for r in rows]
 
 
 @transition("heartbeat")

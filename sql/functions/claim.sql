@@ -6,12 +6,95 @@
 -- design.md, "Lock order"): job (FOR NO KEY UPDATE SKIP LOCKED: a job another claimer is
 -- taking is passed, never waited for) -> target (a deployment's, only while free) -> the
 -- project claim lock -> the project row (SKIP LOCKED, for the last_claimed_at stamp) ->
--- organization stripes -> pool stripes (SKIP LOCKED; sql/functions/capacity.sql). The
--- shared rows come last, so that they are held only from their update to the commit.
--- Times come from the database clock, never the caller's.
+-- organization stripes -> pool stripes (SKIP LOCKED; sql/functions/capacity.sql) -> the
+-- attempt rows -> the claim token lock (below). The shared rows come last, so that they are
+-- held only from their update to the commit. Times come from the database clock, never the
+-- caller's.
 --
--- SQLSTATEs raised: PD404 unknown runner, PD422 bad lease or batch size. PDSKP is private:
--- "this candidate lost a race, try the next one".
+-- Lost claims. A claim whose answer was lost may still be running on the server and commit
+-- later: a claim blocked on a lock goes on after its client is gone, and behind a pooler the
+-- client cannot even name the server session (PgBouncer makes up the backend pid, and one
+-- server session serves many clients), let alone end it. pgd_recover_claims lets the
+-- database decide instead, once and for good, for every token of that claim: it committed,
+-- or it is void forever. Both sides use the claim token lock, an advisory lock keyed by the
+-- claim's first token (pgd_claim_token_lock_class, hashtext):
+--   * a claim, as its very last step (pgd_check_tombstones, after its attempts are
+--     inserted), takes the lock SHARED and then reads claim_tombstones for any of its
+--     tokens; a tombstone aborts the whole statement (PD409): nothing of the claim commits;
+--   * a recovery inserts a tombstone for each token, takes the lock EXCLUSIVELY, then reads
+--     the attempts that carry the tokens.
+-- Why exactly one of "committed" and "void" can hold. Each side reads with a new snapshot,
+-- taken after its lock was granted (READ COMMITTED, which both require; a REPEATABLE READ
+-- snapshot would be older than the lock, and they refuse to run under one). If the claim
+-- got the lock first, the recovery's exclusive lock waits until the claim's transaction has
+-- ended, so its read of the attempts sees the claim if it committed; the tombstones, not yet
+-- committed, did not stop the claim, and need not. If the recovery got the lock first, the
+-- claim waits until the recovery has committed its tombstones, then sees them and aborts;
+-- the recovery read before the claim could commit, and rightly saw no attempt. A claim
+-- holds the token lock only from its last step to its commit, so a recovery never waits for
+-- a claim blocked earlier (behind a project claim lock, a target): it answers "void" at
+-- once, and the claim fails when it gets there. A batch locks only its first token's key (not one per token:
+-- the shared lock table is small), so the tokens of one recovery are exactly one claim's,
+-- first token first. Nothing here writes on the claim's path: reading an empty table and an
+-- advisory lock write no WAL (bench/claim_wal.py).
+-- Tombstones are kept a day (pgd_tombstone_retention) and pruned by the recoveries. A claim
+-- refuses to commit once its statement has run for an hour (pgd_claim_max_age): a claim
+-- that could still commit after its tombstone is pruned must then have reached the server
+-- 23 hours after its recovery began, although its client sent it before its connection was
+-- lost and the recovery runs at the client's next claim round -- longer than any TCP
+-- retransmission, pooler queue or keepalive lets a request wait.
+--
+-- SQLSTATEs raised: PD404 unknown runner, PD422 bad lease, batch size or tokens, PD409 a
+-- claim token voided by a recovery (or a claim past its age), 0A000 a claim or a recovery
+-- outside READ COMMITTED. PDSKP is private: "this candidate lost a race, try the next one".
+
+-- The advisory lock class of claim token locks (the first key of the two-key form, apart
+-- from the project claim locks' class), how long tombstones are kept, and how long a claim
+-- statement may run and still commit (the header says how the two bound each other).
+CREATE OR REPLACE FUNCTION pgd_claim_token_lock_class() RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT 1885824116 $$;  -- 'pgdt' as four bytes
+
+CREATE OR REPLACE FUNCTION pgd_tombstone_retention() RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$ SELECT interval '1 day' $$;
+
+CREATE OR REPLACE FUNCTION pgd_claim_max_age() RETURNS interval
+LANGUAGE sql IMMUTABLE AS $$ SELECT interval '1 hour' $$;
+
+-- Claims and recoveries read under a new snapshot after each lock (the header): refuse a
+-- transaction whose snapshot is older than its statements (REPEATABLE READ, SERIALIZABLE).
+CREATE OR REPLACE FUNCTION pgd_require_read_committed() RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'claims and their recovery run in READ COMMITTED, not %',
+            upper(current_setting('transaction_isolation')) USING ERRCODE = '0A000';
+    END IF;
+END;
+$$;
+
+-- The last step of a claim that took something, after its attempts are inserted: the claim
+-- token lock (shared) on the first of p_claim_tokens, then no tombstone for any of them, and
+-- a statement younger than pgd_claim_max_age. Raises PD409 otherwise, which aborts the whole
+-- claim. Taken last so that it is held only until the commit (the header says why).
+CREATE OR REPLACE FUNCTION pgd_check_tombstones(p_claim_tokens uuid[]) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pgd_require_read_committed();
+    PERFORM pg_advisory_xact_lock_shared(pgd_claim_token_lock_class(),
+                                         hashtext(p_claim_tokens[1]::text));
+    -- a statement of its own, so a snapshot taken after the lock was granted
+    IF EXISTS (SELECT 1 FROM claim_tombstones t WHERE t.claim_token = ANY (p_claim_tokens)) THEN
+        RAISE EXCEPTION 'claim token % was voided by a recovery; nothing of this claim was committed',
+            (SELECT t.claim_token FROM claim_tombstones t
+              WHERE t.claim_token = ANY (p_claim_tokens) LIMIT 1)
+            USING ERRCODE = 'PD409';
+    END IF;
+    IF clock_timestamp() - statement_timestamp() > pgd_claim_max_age() THEN
+        RAISE EXCEPTION 'claim ran for % (more than %); nothing of it was committed',
+            clock_timestamp() - statement_timestamp(), pgd_claim_max_age() USING ERRCODE = 'PD409';
+    END IF;
+END;
+$$;
 
 -- The pools a claim by p_runner_id may take from: p_pool_ids that the runner serves; NULL
 -- when the runner is draining or stopped (it claims nothing). Checks the lease (seconds).
@@ -111,7 +194,8 @@ $$;
 -- under it, the fairness re-check while capacity is scarce, a slot of the organization and
 -- one of the pool from stripes with room (SKIP LOCKED); then the job's generation (the
 -- fence) is bumped and the attempt inserted with its lease of p_lease_seconds and the
--- caller's claim token (so that a caller that lost the answer can ask whether it committed).
+-- caller's claim token; last, the token is checked against the tombstones under its lock
+-- (so that a caller that lost the answer can settle whether it committed: the header).
 -- A second pass runs only when the first passed a project over for a reason the second can
 -- settle (a bound met under the shared lock, or a fairer project found).
 CREATE OR REPLACE FUNCTION pgd_claim(p_runner_id bigint, p_pool_ids bigint[], p_claim_token uuid,
@@ -234,6 +318,8 @@ BEGIN
             VALUES (v_job.id, v_job.attempts_made, v_job.generation, p_runner_id, p_claim_token,
                     'running', v_claimed, v_lease, now(), v_org_stripe, v_pool_stripe)
             RETURNING id INTO v_attempt;
+            -- the claim token lock and the tombstone check: last, held only until the commit
+            PERFORM pgd_check_tombstones(ARRAY[p_claim_token]);
 
             RETURN QUERY SELECT v_job.id, v_attempt, v_job.attempts_made, v_job.generation, v_lease,
                                 v_job.project_id, v_job.pool_id, v_job.target_id, v_job.command,
@@ -381,6 +467,8 @@ BEGIN
                    n.target_id, n.command, n.timeout_seconds, i.claim_token
               FROM numbered n JOIN inserted i ON i.job_id = n.id
              ORDER BY n.n;
+            -- as in pgd_claim; every token passed, the first one's lock (the header)
+            PERFORM pgd_check_tombstones(p_claim_tokens);
             RETURN;
         EXCEPTION WHEN SQLSTATE 'PDSKP' THEN
             NULL;  -- nothing to take here; this candidate's locks went with its subtransaction
@@ -389,5 +477,53 @@ BEGIN
         EXIT WHEN NOT v_retry;
     END LOOP;
     RETURN;
+END;
+$$;
+
+-- recover_claims: after the answer to a claim was lost, settle for good whether it committed.
+-- p_claim_tokens are exactly one claim's tokens (one token, or one batch's, in the order the
+-- batch was sent: its first token keys the lock). One statement: the tombstones of every
+-- token, in token order (two recoveries of one batch never wait for each other in a cycle),
+-- then the claim token lock, exclusively (it waits only for a claim past its tombstone check,
+-- that is, about to commit), then the attempts that carry the tokens, in token order, with
+-- the attempt's state. When it returns, each token is final: its attempt is here, or no
+-- claim with it can ever commit (the header). Asking again gives the same answer.
+-- Tombstones older than pgd_tombstone_retention are deleted on the way, skipping any another
+-- recovery is deleting. p_runner_id is recorded with the tombstones (who voided them).
+-- Lock order: tombstone rows -> claim token lock; no other transaction waits for either
+-- while holding one (claims only read the tombstones), so no cycle.
+-- Raises PD422 for no tokens, more than 1000, or a NULL token.
+CREATE OR REPLACE FUNCTION pgd_recover_claims(p_claim_tokens uuid[], p_runner_id bigint)
+RETURNS TABLE (claim_token uuid, job_id bigint, attempt_id bigint, attempt_no integer,
+               generation bigint, lease_expires_at timestamptz, project_id bigint,
+               pool_id bigint, target_id bigint, command text[], timeout_seconds integer,
+               state text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    IF coalesce(cardinality(p_claim_tokens), 0) NOT BETWEEN 1 AND 1000
+       OR array_position(p_claim_tokens, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'a recovery names 1 to 1000 claim tokens, none NULL, got %',
+            coalesce(cardinality(p_claim_tokens), 0) USING ERRCODE = 'PD422';
+    END IF;
+    PERFORM pgd_require_read_committed();
+    -- No claim with a token voided more than a day ago can still commit (the header: a
+    -- claim statement commits within pgd_claim_max_age of reaching the server).
+    DELETE FROM claim_tombstones t
+     WHERE t.claim_token IN (SELECT o.claim_token FROM claim_tombstones o
+                              WHERE o.voided_at < now() - pgd_tombstone_retention()
+                                FOR UPDATE SKIP LOCKED);
+    INSERT INTO claim_tombstones (claim_token, runner_id)
+    SELECT DISTINCT u.token, p_runner_id FROM unnest(p_claim_tokens) AS u(token)
+     ORDER BY u.token
+    ON CONFLICT DO NOTHING;
+    PERFORM pg_advisory_xact_lock(pgd_claim_token_lock_class(), hashtext(p_claim_tokens[1]::text));
+    -- a statement of its own, so a snapshot taken after the lock was granted
+    RETURN QUERY
+    SELECT a.claim_token, a.job_id, a.id, a.attempt_no, a.generation, a.lease_expires_at,
+           j.project_id, j.pool_id, j.target_id, j.command, j.timeout_seconds, a.state
+      FROM attempts a JOIN jobs j ON j.id = a.job_id
+     WHERE a.claim_token = ANY (p_claim_tokens)
+     ORDER BY array_position(p_claim_tokens, a.claim_token);
 END;
 $$;

@@ -50,12 +50,12 @@ def test_a_claim_whose_answer_was_lost_is_recovered(world, db_url):
     runner = world.runner()
     pool_ids = world.pool_ids(("linux",))
     committed = transitions.new_claim_token()
-    # The claim commits on a session whose answer (as after a dropped connection) never
-    # arrived; the session itself may linger on the server.
+    # The claim commits on a connection whose answer (as after a dropped connection) never
+    # arrived.
     lost = db.connect(db_url)
     claim = transitions.claim(lost, runner_id=runner, pools=pool_ids, claim_token=committed,
                               lease_seconds=1)
-    lost_session = lost.info.backend_pid
+    lost.close()
     never_committed = transitions.new_claim_token()
     pool = make_scheduler_pool(db_url, slots=1)
     launched = []
@@ -64,24 +64,23 @@ def test_a_claim_whose_answer_was_lost_is_recovered(world, db_url):
                           free_slots=lambda: 2 - len(launched),
                           launch=lambda c, sent_at: launched.append((c, sent_at)),
                           is_draining=lambda: False)
-        # What a claim that raised DatabaseUnavailable leaves behind: its token, unanswered,
-        # and the session it ran in.
-        claimer._pending[committed] = lost_session
-        claimer._pending[never_committed] = None
+        # What a claim that raised DatabaseUnavailable leaves behind: its tokens, unanswered,
+        # one group per claim.
+        claimer._pending.extend([[committed], [never_committed]])
         before = time.monotonic()
         assert claimer.fill() == 1
     finally:
         pool.close()
-        lost.close()
-    sessions = world.conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE pid = %s",
-                                  (lost_session,)).fetchone()["n"]
-    assert sessions == 0  # settled before the answer was trusted
     [(recovered, sent_at)] = launched
     assert recovered.attempt_id == claim.attempt_id and recovered.generation == claim.generation
     assert sent_at >= before  # the self-fencing clock restarts from the renewing heartbeat
     attempt = world.row("attempts", claim.attempt_id)
     assert attempt["lease_expires_at"] > claim.lease_expires_at
-    assert claimer._pending == {}
+    assert claimer._pending == []
+    # both tokens are settled for good: the one that never committed is void
+    tombstones = {r["claim_token"] for r in world.conn.execute(
+        "SELECT claim_token::text FROM claim_tombstones WHERE runner_id = %s", (runner,))}
+    assert tombstones == {committed, never_committed}
 
 
 def test_a_draining_scheduler_claims_nothing(world, start_scheduler):

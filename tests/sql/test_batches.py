@@ -17,14 +17,17 @@ def test_claim_batch_takes_jobs_in_priority_order_within_capacity(world):
     low = [world.job()["id"] for _ in range(3)]
     high = world.job(priority=5)["id"]
     world.job(pool="linux")  # a sixth, beyond every limit
+    sent = tokens(10)
     got = transitions.claim_batch(world.conn, runner_id=runner, pools=world.pool_ids(("linux",)),
-                                  claim_tokens=tokens(10), lease_seconds=30)
+                                  claim_tokens=sent, lease_seconds=30)
     assert [c.job_id for c in got] == [high, *low]           # bounded by the project's 4
     assert all(c.generation == 1 and c.attempt_no == 1 for c in got)
     assert len({c.claim_token for c in got}) == 4
+    assert [c.claim_token for c in got] == sent[:4]          # the tokens in the order sent
     assert world.counters() == {"org": 4, "project": 4, "pool": 4, "attempts": 4}
-    found = transitions.find_claim(world.conn, claim_token=got[0].claim_token)
-    assert found[0].job_id == high
+    # the batch's recovery finds the four that committed, each with its own token
+    found = transitions.recover_claims(world.conn, claim_tokens=sent, runner_id=runner)
+    assert [(c, state) for c, state in found] == [(c, "running") for c in got]
 
 
 def test_concurrent_batches_never_exceed_the_organization_limit(world, db_url):

@@ -15,7 +15,7 @@ from pgdispatch.sql.validate import JOB_STATES
 
 from ..conftest import with_database
 
-MIGRATIONS = ["0001_baseline"]
+MIGRATIONS = ["0001_baseline", "0002_claim_tombstones"]
 
 # DESIGN.md, "Entities and states"
 STATES = {

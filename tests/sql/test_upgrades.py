@@ -21,9 +21,13 @@ from pgdispatch.sql import IncompatibleDatabase, PgDispatchError, db, migrate, t
 
 from ..faults import consistency
 from ..factories import World
+from .test_migrations import MIGRATIONS
 
-EXAMPLE_MIGRATION = """\
--- 0002_example: jobs say which body of pgd_claim took them (a test's example migration).
+# the example comes after the real migrations, as the next real one will
+EXAMPLE = f"{len(MIGRATIONS) + 1:04d}_example"
+LATER = f"{len(MIGRATIONS) + 2:04d}"
+EXAMPLE_MIGRATION = f"""\
+-- {EXAMPLE}: jobs say which body of pgd_claim took them (a test's example migration).
 ALTER TABLE jobs ADD COLUMN claimed_by_body text;
 """
 
@@ -34,7 +38,7 @@ def example_upgrade(tmp_path):
     migrations, functions = tmp_path / "migrations", tmp_path / "functions"
     shutil.copytree(migrate.MIGRATIONS_DIR, migrations)
     shutil.copytree(migrate.FUNCTIONS_DIR, functions)
-    (migrations / "0002_example.sql").write_text(EXAMPLE_MIGRATION)
+    (migrations / f"{EXAMPLE}.sql").write_text(EXAMPLE_MIGRATION)
     claim = functions / "claim.sql"
     text = claim.read_text()
     old = "                   started_at = coalesce(j.started_at, now())\n             WHERE j.id = v_job.id"
@@ -88,7 +92,7 @@ def test_a_migration_and_a_new_claim_body_swap_in_under_live_claims_and_completi
             assert time.monotonic() < deadline and not errors, errors
             time.sleep(0.01)
         assert migrate.upgrade(db_url, migrations_dir=migrations, functions_dir=functions) == [
-            "0002_example"]
+            EXAMPLE]
         upgraded_at = time.monotonic()
         with db.connect(db_url) as conn:
             while conn.execute("SELECT count(*) AS n FROM jobs WHERE state <> 'succeeded'"
@@ -174,7 +178,7 @@ def test_an_upgrade_that_deadlocks_with_a_transition_in_flight_is_tried_again(db
     back, tries again once the other transaction has committed, and applies it."""
     result, deadlocks = upgrade_into_a_cycle(db_url, tmp_path)
     assert "error" not in result, result
-    assert result["applied"] == ["0002_example"]
+    assert result["applied"] == [EXAMPLE]
     assert deadlocks > 0, "no deadlock happened: the test did not exercise the retry"
 
 
@@ -194,7 +198,7 @@ def test_an_upgrade_that_times_out_behind_a_long_transaction_is_tried_again(db_u
         holder.execute("COMMIT")
         upgrader.join(60)
     assert "error" not in result, result
-    assert result["applied"] == ["0002_example"]
+    assert result["applied"] == [EXAMPLE]
 
 
 def test_without_the_retry_the_deadlocked_upgrade_fails(db_url, tmp_path, monkeypatch):
@@ -204,7 +208,7 @@ def test_without_the_retry_the_deadlocked_upgrade_fails(db_url, tmp_path, monkey
     result, deadlocks = upgrade_into_a_cycle(db_url, tmp_path)
     assert "applied" not in result and migrate._sqlstate(result["error"]) == "40P01"
     assert deadlocks > 0
-    assert migrate.applied_migrations(db_url) == ["0001_baseline"]
+    assert migrate.applied_migrations(db_url) == MIGRATIONS
     with db.connect(db_url) as conn:
         assert conn.execute("SELECT count(*) AS n FROM information_schema.columns "
                             "WHERE column_name = 'claimed_by_body'").fetchone()["n"] == 0
@@ -264,11 +268,11 @@ def test_a_lock_row_left_by_a_killed_upgrade_does_not_lock_the_database_out(db_u
 
 def test_a_migration_that_fails_is_named_and_changes_nothing(db_url, tmp_path):
     migrations, functions = example_upgrade(tmp_path)
-    (migrations / "0003_broken.sql").write_text("ALTER TABLE jobz ADD COLUMN x text;\n")
-    with pytest.raises(PgDispatchError, match=r"^sql/migrations/0003_broken: relation \"jobz\" "
+    (migrations / f"{LATER}_broken.sql").write_text("ALTER TABLE jobz ADD COLUMN x text;\n")
+    with pytest.raises(PgDispatchError, match=rf"^sql/migrations/{LATER}_broken: relation \"jobz\" "
                                               r"does not exist \(nothing was changed\)$"):
         migrate.upgrade(db_url, migrations_dir=migrations, functions_dir=functions)
-    assert migrate.applied_migrations(db_url) == ["0001_baseline"]
+    assert migrate.applied_migrations(db_url) == MIGRATIONS
     proc = subprocess.run([sys.executable, "-c",
                            "import sys; from pgdispatch.cli import main; main(sys.argv[1:])",
                            "db", "upgrade"], env={"DATABASE_URL": db_url, "PATH": "/usr/bin:/bin"},
@@ -296,10 +300,10 @@ def test_what_no_file_defines_is_refused_until_a_migration_drops_it(db_url, tmp_
         drop = "DROP TRIGGER audit_events_no_truncate ON audit_events;\n"
     with pytest.raises(PgDispatchError, match=f"no file in sql/functions/ defines: {re.escape(name)};"):
         migrate.upgrade(db_url, migrations_dir=migrations, functions_dir=functions)
-    assert migrate.applied_migrations(db_url) == ["0001_baseline"]
-    (migrations / "0003_drop.sql").write_text(drop)
+    assert migrate.applied_migrations(db_url) == MIGRATIONS
+    (migrations / f"{LATER}_drop.sql").write_text(drop)
     assert migrate.upgrade(db_url, migrations_dir=migrations, functions_dir=functions) == [
-        "0002_example", "0003_drop"]
+        EXAMPLE, f"{LATER}_drop"]
 
 
 def test_an_editor_file_beside_the_function_files_is_not_loaded(tmp_path):

@@ -51,8 +51,55 @@ class DatabaseUnavailable(PgDispatchError):
     http_status = 503
 
 
+# SQLSTATEs (and classes: two characters) that say the database, or the pooler in front of
+# it, cannot serve this request now: nothing about the request is wrong, and the same request
+# on a fresh connection, later, may well succeed. They become DatabaseUnavailable: 503 in the
+# console and the API, exit code 5 in the CLI, a retry on a fresh connection in the scheduler.
+# Each with what it means, for the message ("" where the server's own words say it).
+UNAVAILABLE_STATES = {
+    # connection exceptions; PgBouncer sends 08P01 for every error of its own
+    # ("query_wait_timeout", "no more connections allowed (max_client_conn)", "server login
+    # retry", "pgbouncer cannot connect to server"), and the server sends it for a bind
+    # that does not fit the prepared statement a pooled connection holds
+    "08": "",
+    "08P01": "the connection pooler or the server refused the request",
+    # the server is shutting down, crashed, is starting, dropped the database, or ended a
+    # session idle too long
+    "57P01": "", "57P02": "", "57P03": "", "57P04": "", "57P05": "",
+    # a statement cancelled: statement_timeout, a client deadline, or an operator's
+    # pg_cancel_backend; nothing it did was committed, and the server may answer in time later
+    "57014": "a statement took too long and was cancelled",
+    # out of connections, memory or disk; lock_timeout
+    "53": "the server is out of resources", "55P03": "the database is busy",
+    # a prepared statement missing or doubled: pgdispatch never prepares one (sql/db.py,
+    # PREPARE_THRESHOLD), so only a connection shared through a pooler can meet another's
+    "26000": "a pooled connection lost or mixed up a prepared statement",
+    "42P05": "a pooled connection lost or mixed up a prepared statement",
+    # the session was ended idle inside a transaction; a standby or a failover refuses writes
+    "25P03": "",
+    "25006": "the database is read-only now (a standby, or a failover in progress)",
+    # the server's own I/O or system errors
+    "58": "the server had a system error",
+}
+
+
+def _unavailable_why(state: str | None) -> str | None:
+    """What an unavailable SQLSTATE means (UNAVAILABLE_STATES: by code, else by class), or
+    None when ``state`` does not mean unavailable."""
+    for key in (state, (state or "")[:2]):
+        if key and key in UNAVAILABLE_STATES:
+            return UNAVAILABLE_STATES[key]
+    return None
+
+
 def translate(exc: BaseException) -> BaseException:
-    """Map a psycopg error to our exception; return ``exc`` unchanged when it is not ours."""
+    """Map a psycopg error to our exception; return ``exc`` unchanged when it is not ours
+    (a genuine bug: a syntax error, an undefined function, an internal error stays a 500).
+
+    The database or its pooler unable to serve us (UNAVAILABLE_STATES; libpq's errors, which
+    have no SQLSTATE: refused, reset, closed; any other psycopg OperationalError) is
+    DatabaseUnavailable, with a one-line message that starts "database unavailable:" and
+    names the SQLSTATE when there is one."""
     import psycopg
 
     if isinstance(exc, UnicodeEncodeError):
@@ -84,6 +131,13 @@ def translate(exc: BaseException) -> BaseException:
     if state in ("40P01", "40001"):
         # still failing after in_transaction's retries: the database is too contended now
         return DatabaseUnavailable(f"database busy ({message}); try again")
+    why = _unavailable_why(state)
+    if why is not None:
+        return DatabaseUnavailable(f"database unavailable: {why + ': ' if why else ''}{message} "
+                                   f"(SQLSTATE {state})")
     if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-        return DatabaseUnavailable(message)
+        # libpq's own (no SQLSTATE: refused, reset, closed), and the rest of the classes
+        # psycopg calls operational (55, 54001...): not the request's fault either
+        return DatabaseUnavailable(f"database unavailable: {message}"
+                                   + (f" (SQLSTATE {state})" if state else ""))
     return exc

@@ -1,5 +1,7 @@
 -- name: summarize_queue!
 -- Refresh the per-(project, pool) waiting counts the overview reads; touches no job row.
+-- It only counts, compares and takes the least ready_at of job rows, which no value of theirs
+-- can make fail (times at both ends of the range: tests/sql/test_sweeps.py); one statement.
 WITH counts AS (
     SELECT j.project_id, j.pool_id,
            count(*) FILTER (WHERE j.state = 'queued' AND j.ready_at <= now()) AS queued_ready,

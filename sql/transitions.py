@@ -21,7 +21,7 @@ from . import metrics
 from .db import transition
 from .errors import FencedOut, InvalidInput
 from .queries import Q
-from .validate import check_command, check_int, check_number, check_text
+from .validate import check_command, check_int, check_lease_seconds, check_number, check_text
 
 log = logging.getLogger(__name__)
 
@@ -193,11 +193,13 @@ def heartbeat(conn, *, attempt_id: int, generation: int, lease_seconds: float,
 
     Raises:
         FencedOut: no such running attempt with that generation; stop the work now.
+        InvalidInput: ``lease_seconds`` not in (0, 86400] (sql.validate.check_lease_seconds).
     """
+    lease_seconds = check_lease_seconds(lease_seconds)
     if output_tail is not None:
         output_tail = output_tail.replace("\x00", "\ufffd")
     row = Q.heartbeat(conn, attempt_id=attempt_id, generation=generation,
-                      lease_seconds=float(lease_seconds), output_tail=output_tail)
+                      lease_seconds=lease_seconds, output_tail=output_tail)
     if row is None:
         raise FencedOut(f"attempt {attempt_id} generation {generation} is fenced out")
     return Lease(row["lease_expires_at"], row["is_cancel_requested"])

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import InvalidInput
+from .settings import MAX_LEASE_SECONDS
 
 # Every state a job can be in (DESIGN.md, "Entities and states"; the jobs.state CHECK).
 JOB_STATES = ("blocked", "queued", "running", "uncertain", "succeeded", "failed", "cancelled")
@@ -130,3 +131,19 @@ def check_max_batch(max_batch: Any) -> int:
         raise InvalidInput(f"max batch must be an integer from 1 to {MAX_BATCH_LIMIT}, "
                            f"got {max_batch!r}")
     return max_batch
+
+
+def check_lease_seconds(lease_seconds: Any) -> float:
+    """A lease in seconds, more than 0 and at most MAX_LEASE_SECONDS (what a claim accepts,
+    pgd_runner_pools in sql/functions/claim.sql), as a float.
+
+    Raises:
+        InvalidInput: otherwise (NaN, infinities, a bool, text). A lease is added to the
+            database's now: unbounded, it could end past what Python can load (year 9999)
+            or PostgreSQL can hold, and a lease that never lapses is never expired.
+    """
+    if isinstance(lease_seconds, bool) or not isinstance(lease_seconds, (int, float)) \
+            or not 0 < lease_seconds <= MAX_LEASE_SECONDS:  # NaN fails both comparisons
+        raise InvalidInput(f"lease seconds must be in (0, {MAX_LEASE_SECONDS:g}], "
+                           f"got {_shown(lease_seconds)}")
+    return float(lease_seconds)

@@ -36,20 +36,29 @@ def error_response(status: int, message: str) -> Response:
         if status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="pgdispatch"'
         return response
-    if is_htmx():
-        response = make_response(flash_oob("error", message), status)
-        response.headers["HX-Reswap"] = "none"
-        response.vary.add("HX-Request")
-        return response
     try:
+        if is_htmx():
+            response = make_response(flash_oob("error", message), status)
+            response.headers["HX-Reswap"] = "none"
+            response.vary.add("HX-Request")
+            return response
         back = request.referrer if request.referrer and request.referrer.startswith(request.host_url) \
             else url_for("overview.index")
-        body = render_template("errors/index.html", status=status, message=message, back=back)
-    except Exception:  # the page itself failed (the database is down, say): plain text
-        log.exception("rendering the error page failed")
-        body = f"{status}: {message}"
-        return make_response(body, status, {"Content-Type": "text/plain; charset=utf-8"})
-    return make_response(body, status)
+        return make_response(render_template("errors/index.html", status=status, message=message,
+                                             back=back), status)
+    except Exception as exc:  # the page itself failed (the database is down, say): plain text
+        if isinstance(exc, PgDispatchError):
+            # every template is given the signed-in operator, read from the database: in an
+            # outage that fails too, which is no news (logged once above), so no traceback
+            log.warning("error for %s %s answered as text: %s", request.method, request.path, exc)
+        else:
+            log.exception("rendering the error page failed")
+        response = make_response(f"{status}: {message}", status,
+                                 {"Content-Type": "text/plain; charset=utf-8"})
+        if is_htmx():
+            response.headers["HX-Reswap"] = "none"
+            response.vary.add("HX-Request")
+        return response
 
 
 def _csrf_error(exc: CSRFError):

@@ -228,6 +228,7 @@ BEGIN
         v_failures := v_failures + CASE WHEN v_is_late THEN 0 ELSE 1 END;
         IF v_failures < v_job.max_attempts THEN
             v_job_state := 'queued';
+            -- at most 30 days from now whatever the settings (pgd_backoff_seconds' clamp)
             v_ready_at := now() + make_interval(
                 secs => pgd_backoff_seconds(v_failures, p_backoff_base_seconds, p_backoff_cap_seconds));
         ELSE

@@ -58,6 +58,7 @@ BEGIN
                 v_state := 'cancelled';
             ELSIF v_failures < v_job.max_attempts THEN
                 v_state := 'queued';
+                -- at most 30 days from now whatever the settings (pgd_backoff_seconds' clamp)
                 v_ready_at := now() + make_interval(
                     secs => pgd_backoff_seconds(v_failures, p_backoff_base_seconds, p_backoff_cap_seconds));
             ELSE

@@ -62,7 +62,8 @@ $$;
 -- jobs_idempotency_key_idx). Unknown dependencies are named by id. Dependencies are held
 -- FOR SHARE until the commit, so that none of them can fail between the check and the
 -- insert. Raises PD404 unknown project, pool, target or dependency; PD422 pool not granted,
--- a dependency already failed or cancelled; PD409 a key reused by a different request.
+-- a dependency already failed or cancelled, a delay outside 0..2592000 seconds; PD409 a key
+-- reused by a different request.
 CREATE OR REPLACE FUNCTION pgd_submit(p_project text, p_pool text, p_target text, p_command text[],
                                       p_priority integer, p_max_attempts integer, p_timeout_seconds integer,
                                       p_delay_seconds double precision, p_requires_approval boolean,
@@ -81,6 +82,13 @@ DECLARE
     v_unknown  bigint[];
     v_request  jsonb;
 BEGIN
+    -- ready_at is now() plus the delay: at most 30 days (sql.transitions.submit checks the
+    -- same bound), so that it stays a time Python can load. Unbounded, 1e12 s stores a
+    -- year-33000 ready_at that no read of the job could load, and 1e300 overflows.
+    IF p_delay_seconds IS NOT NULL AND NOT p_delay_seconds BETWEEN 0 AND 2592000 THEN  -- NaN too
+        RAISE EXCEPTION 'delay must be between 0 and 2592000 seconds, got %', p_delay_seconds
+            USING ERRCODE = 'PD422';
+    END IF;
     SELECT * INTO v_project FROM projects WHERE name = p_project;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown project %', p_project USING ERRCODE = 'PD404';

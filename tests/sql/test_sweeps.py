@@ -73,3 +73,40 @@ def test_without_the_handler_the_poisoned_row_stops_the_pass(world):
     with pytest.raises(Exception, match="poisoned row"), world.conn.transaction():
         transitions.expire_leases(world.conn)
     assert world.row("jobs", other.job_id)["state"] == "running"
+
+
+def test_no_job_row_can_stop_the_queue_summary(world):
+    """The summary pass is one statement (sql/summaries.sql, summarize_queue) that only
+    compares, counts and takes the least ready_at of the waiting jobs: no job's values can
+    make it fail, so there is no row to skip. Poisoned the way issue 16's backoff did (times
+    at both edges of PostgreSQL's range), one project's rows are counted as any other's, the
+    healthy project's summary is right, and the overview reads both (the oldest ready time
+    of the poisoned one is read as EARLIEST: sql/timestamps.py)."""
+    from pgdispatch.sql import reads
+    from pgdispatch.sql.queries import Q
+    from pgdispatch.sql.timestamps import EARLIEST
+
+    world.setup()
+    world.project("api", org="acme", pools=("linux",))
+    edges = {"-infinity": "queued", "4713-01-01 00:00+00 BC": "queued",
+             "infinity": "queued", "294276-12-31 23:59:59+00": "queued"}
+    for ready_at in edges:
+        job = world.job(project="web")
+        world.conn.execute("UPDATE jobs SET ready_at = %s::timestamptz WHERE id = %s",
+                           (ready_at, job["id"]))
+    approval = world.job(project="web", requires_approval=True)
+    world.conn.execute("UPDATE jobs SET ready_at = 'infinity' WHERE id = %s", (approval["id"],))
+    for _ in range(2):
+        world.job(project="api")
+    world.job(project="api", delay_seconds=60)
+
+    transitions.summarize_queue(world.conn)
+    rows = {r["project"]: r for r in Q.read_queue_summaries(world.conn)}
+    counted = {p: (r["queued_ready"], r["queued_delayed"], r["blocked_approval"])
+               for p, r in rows.items()}
+    assert counted == {"web": (2, 2, 1), "api": (2, 1, 0)}
+    assert rows["web"]["oldest_ready_at"] == EARLIEST
+    assert EARLIEST < rows["api"]["oldest_ready_at"] <= world.conn.execute(
+        "SELECT now() AS t").fetchone()["t"]
+    seen = reads.overview(world.conn)
+    assert seen["jobs_by_state"]["queued"] == 7 and seen["jobs_by_state"]["blocked"] == 1

@@ -44,7 +44,9 @@ MAX_TRIES = 6
 # exist", or a bind to the wrong statement (tests/pooling/test_pgbouncer.py). Every statement
 # of ours is a short call of a PL/pgSQL function, whose plans the server caches itself, so
 # never preparing costs little and is safe on every route (psycopg docs, "Prepared
-# statements"; PgBouncer docs, "max_prepared_statements").
+# statements"; PgBouncer docs, "max_prepared_statements"). The default of connect and
+# make_pool; PGDISPATCH_PREPARE_THRESHOLD (sql/settings.py) passes another for a route that
+# keeps prepared statements per client.
 PREPARE_THRESHOLD = None
 
 
@@ -111,14 +113,16 @@ def tcp_liveness(url: str) -> dict[str, str]:
 
 
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pgdispatch",
-              timeout_seconds: float = 10.0) -> ConnectionPool:
+              timeout_seconds: float = 10.0,
+              prepare_threshold: int | None = PREPARE_THRESHOLD) -> ConnectionPool:
     """A connection pool whose connections are checked on checkout, so that after a
-    database restart a broken connection is replaced instead of handed out."""
+    database restart a broken connection is replaced instead of handed out.
+    ``prepare_threshold``: psycopg's (None: never prepare on the server; Settings)."""
     return ConnectionPool(
         url, min_size=min_size, max_size=max_size, name=name, open=True,
         timeout=timeout_seconds, check=ConnectionPool.check_connection,
         kwargs=dict(autocommit=True, row_factory=dict_row, application_name=name,
-                    prepare_threshold=PREPARE_THRESHOLD, **tcp_liveness(url)),
+                    prepare_threshold=prepare_threshold, **tcp_liveness(url)),
         configure=bound_idle_transactions, reconnect_timeout=300)
 
 

@@ -31,7 +31,8 @@ def _pool(app: Flask):
             pool = sql.db.make_pool(app.config["DATABASE_URL"],
                                     min_size=app.config["DB_POOL_MIN_SIZE"],
                                     max_size=app.config["DB_POOL_MAX_SIZE"], name="pgdispatch-web",
-                                    timeout_seconds=app.config["DB_POOL_TIMEOUT_SECONDS"])
+                                    timeout_seconds=app.config["DB_POOL_TIMEOUT_SECONDS"],
+                                    prepare_threshold=app.config["PGDISPATCH_SETTINGS"].prepare_threshold)
             holder = (os.getpid(), pool)
             app.extensions[_KEY] = holder
     return holder[1]

@@ -1,17 +1,29 @@
-"""A real PgBouncer (Debian's package, 1.18) in transaction pooling in front of the test
-server, started once per session on a loopback port from a config in a temporary folder."""
+"""A real PgBouncer (Debian's package, 1.18) in front of the test server, started by the tests
+on a loopback port from a config in a temporary folder.
+
+* ``pgbouncer_url(db_url)``: through PgBouncer in transaction pooling with one server
+  connection per database and user (``default_pool_size = 1``), so that every client's
+  transactions share it: whatever one client leaves on a server session, the next one meets.
+* ``pooler`` (a ``PgBouncer``): the same mode with three server connections, for what must
+  also run concurrently (scheduler processes, upgrades racing); ``pooler.url(db_url)``, and
+  ``pooler.session_alias(db_url)``: a second database entry for the same database with
+  ``pool_mode = session``, the route a scheduler's wake-up listener takes
+  (``--listen-url``), as docs/pooling-draft.md describes it.
+"""
 
 from __future__ import annotations
 
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+import psycopg
 import psycopg.conninfo
 import pytest
 
@@ -26,61 +38,126 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+class PgBouncer:
+    """One PgBouncer process routing every database name (``*``) to the test server.
+
+    Args:
+        server_url: the test server's maintenance URL.
+        pool_size: ``default_pool_size``, server connections per database and user.
+    """
+
+    def __init__(self, server_url: str, *, pool_size: int):
+        assert os.path.exists(PGBOUNCER), \
+            "pgbouncer is needed: apt-get install pgbouncer (.ci/run does)"
+        server = psycopg.conninfo.conninfo_to_dict(server_url)
+        host = server.get("host") or "127.0.0.1"
+        self.user = server.get("user") or "postgres"
+        self.route = f"host={host} port={server.get('port') or 5432} user={self.user}"
+        if server.get("password"):
+            self.route += f" password={server['password']}"
+        self.pool_size = pool_size
+        self.aliases: dict[str, str] = {}
+        # not under pytest's tmp_path: its parent is root's alone, and PgBouncer runs as another user
+        self.folder = Path(tempfile.mkdtemp(prefix="pgd-test-pgbouncer-"))
+        self.port = _free_port()
+        self.ini = self.folder / "pgbouncer.ini"
+        self._write_config()
+        (self.folder / "users.txt").write_text(f'"{self.user}" ""\n')
+        argv = [PGBOUNCER, str(self.ini)]
+        if os.geteuid() == 0:
+            # PgBouncer will not run as root; it runs as the owner of the server's socket folder
+            # (the embedded server's user), or nobody for a server on TCP
+            run_as = (pwd.getpwuid(Path(host).stat().st_uid).pw_name if host.startswith("/")
+                      else "nobody")
+            shutil.chown(self.folder, run_as)
+            for f in self.folder.iterdir():
+                shutil.chown(f, run_as)
+            argv[1:1] = ["-u", run_as]
+        with open(self.folder / "stderr.log", "wb") as err:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                break
+            except OSError:
+                assert self.proc.poll() is None, f"pgbouncer exited: {self.log()}"
+                assert time.monotonic() < deadline, "pgbouncer did not listen in 10 s"
+                time.sleep(0.05)
+
+    def _write_config(self) -> None:
+        # max_client_conn: four schedulers' pools (slots + 4 each), their listeners, a web
+        # app's pool and the test's own connections, with room to spare
+        aliases = "".join(f"{alias} = {self.route} dbname={dbname} pool_mode=session\n"
+                          for alias, dbname in self.aliases.items())
+        self.ini.write_text(f"""[databases]
+{aliases}* = {self.route}
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = {self.port}
+unix_socket_dir =
+auth_type = trust
+auth_file = {self.folder / 'users.txt'}
+pool_mode = transaction
+default_pool_size = {self.pool_size}
+max_client_conn = 400
+logfile = {self.folder / 'pgbouncer.log'}
+pidfile = {self.folder / 'pgbouncer.pid'}
+""")
+
+    def url(self, db_url: str) -> str:
+        """``db_url``'s database through this PgBouncer, in transaction pooling."""
+        return with_database(f"postgresql://{self.user}@127.0.0.1:{self.port}/postgres",
+                             psycopg.conninfo.conninfo_to_dict(db_url)["dbname"])
+
+    def session_alias(self, db_url: str) -> str:
+        """A URL through this PgBouncer to ``db_url``'s database by a database entry of its
+        own with ``pool_mode = session`` (added to the config, which PgBouncer reloads on
+        SIGHUP)."""
+        dbname = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
+        alias = f"{dbname}_session"
+        url = with_database(f"postgresql://{self.user}@127.0.0.1:{self.port}/postgres", alias)
+        self.aliases[alias] = dbname
+        self._write_config()
+        self.proc.send_signal(signal.SIGHUP)
+        # until reloaded, the alias goes to the wildcard entry: a database of that name,
+        # which does not exist
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with psycopg.connect(url, prepare_threshold=None) as conn:
+                    assert conn.execute("SELECT current_database()").fetchone()[0] == dbname
+                return url
+            except psycopg.OperationalError:
+                assert time.monotonic() < deadline, f"pgbouncer did not reload: {self.log()}"
+                time.sleep(0.05)
+
+    def log(self) -> str:
+        """The tail of PgBouncer's log and stderr."""
+        return "\n".join(p.read_text(errors="replace")[-3000:]
+                         for p in (self.folder / "stderr.log", self.folder / "pgbouncer.log")
+                         if p.exists())
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(10)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def pgbouncer_url(server_url):
     """The server's URL through PgBouncer (pool_mode transaction, one server connection per
     database and user, so that every client's transactions share it); any database name."""
-    assert os.path.exists(PGBOUNCER), "pgbouncer is needed: apt-get install pgbouncer (.ci/run does)"
-    server = psycopg.conninfo.conninfo_to_dict(server_url)
-    host = server.get("host") or "127.0.0.1"
-    route = f"host={host} port={server.get('port') or 5432} user={server.get('user') or 'postgres'}"
-    if server.get("password"):
-        route += f" password={server['password']}"
-    # not under pytest's tmp_path: its parent is root's alone, and PgBouncer runs as another user
-    folder = Path(tempfile.mkdtemp(prefix="pgd-test-pgbouncer-"))
-    port = _free_port()
-    ini = folder / "pgbouncer.ini"
-    ini.write_text(f"""[databases]
-* = {route}
+    bouncer = PgBouncer(server_url, pool_size=1)
+    yield bouncer.url
+    bouncer.stop()
 
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {port}
-unix_socket_dir =
-auth_type = trust
-auth_file = {folder / 'users.txt'}
-pool_mode = transaction
-default_pool_size = 1
-max_client_conn = 200
-logfile = {folder / 'pgbouncer.log'}
-pidfile = {folder / 'pgbouncer.pid'}
-""")
-    (folder / "users.txt").write_text(f'"{server.get("user") or "postgres"}" ""\n')
-    argv = [PGBOUNCER, str(ini)]
-    if os.geteuid() == 0:
-        # PgBouncer will not run as root; it runs as the owner of the server's socket folder
-        # (the embedded server's user), or nobody for a server on TCP
-        user = (pwd.getpwuid(Path(host).stat().st_uid).pw_name if host.startswith("/")
-                else "nobody")
-        shutil.chown(folder, user)
-        for f in folder.iterdir():
-            shutil.chown(f, user)
-        argv[1:1] = ["-u", user]
-    with open(folder / "stderr.log", "wb") as err:
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err)
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            assert proc.poll() is None, \
-                f"pgbouncer exited: {(folder / 'stderr.log').read_text()[-500:]}"
-            assert time.monotonic() < deadline, "pgbouncer did not listen in 10 s"
-            time.sleep(0.05)
-    user = server.get("user") or "postgres"
-    yield lambda url: with_database(f"postgresql://{user}@127.0.0.1:{port}/postgres",
-                                    psycopg.conninfo.conninfo_to_dict(url)["dbname"])
-    proc.terminate()
-    proc.wait(10)
-    shutil.rmtree(folder, ignore_errors=True)
+
+@pytest.fixture(scope="session")
+def pooler(server_url):
+    """A PgBouncer in transaction pooling with three server connections per database and
+    user, and session-mode aliases on demand (see the module docstring)."""
+    bouncer = PgBouncer(server_url, pool_size=3)
+    yield bouncer
+    bouncer.stop()

@@ -51,8 +51,7 @@ def scheduler(db_url, pooler):
 
 
 def listening(conn) -> list[int]:
-    """Server sessions of this database whose last statement was the listener's LISTEN
-    (through PgBouncer the application name is not passed on)."""
+    """Server sessions of this database whose last statement was the listener's LISTEN."""
     return [r["pid"] for r in conn.execute(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
         "AND query = 'LISTEN pgdispatch_queued'")]

@@ -83,7 +83,8 @@ class Context:
         from pgdispatch.sql import db
 
         return db.connect(self.url, application_name="pgdispatch-cli",
-                          statement_deadline_seconds=self.settings.statement_deadline_seconds)
+                          statement_deadline_seconds=self.settings.statement_deadline_seconds,
+                          prepare_threshold=self.settings.prepare_threshold)
 
 
 def default_actor() -> str:
@@ -379,8 +380,13 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
                    "(1: one job per transaction). Env: PGDISPATCH_MAX_BATCH.")
 @click.option("--listen/--no-listen", default=True, show_default=True, envvar="PGDISPATCH_LISTEN",
               help="Also wake on NOTIFY when a job of these pools becomes claimable (polling "
-                   "stays). --no-listen behind PgBouncer in transaction pooling. "
-                   "Env: PGDISPATCH_LISTEN.")
+                   "stays). Env: PGDISPATCH_LISTEN.")
+@click.option("--listen-url", default=None, envvar="PGDISPATCH_LISTEN_URL",
+              help="Database URL of the wake-up listener only: a session route (direct to "
+                   "PostgreSQL, or a PgBouncer database in pool_mode session) when "
+                   "DATABASE_URL goes through transaction pooling. Without it, a scheduler "
+                   "whose DATABASE_URL goes through a pooler does not listen and polls. "
+                   "Env: PGDISPATCH_LISTEN_URL.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               envvar="PGDISPATCH_METRICS_PORT",
               help="Serve this process's Prometheus metrics on this port (0: any free port, "
@@ -391,8 +397,8 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
                    "Env: PGDISPATCH_METRICS_ADDR.")
 @click.pass_obj
 def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | None,
-                  grace_seconds: float, max_batch: int, listen: bool, metrics_port: int | None,
-                  metrics_addr: str) -> None:
+                  grace_seconds: float, max_batch: int, listen: bool, listen_url: str | None,
+                  metrics_port: int | None, metrics_addr: str) -> None:
     """Run a scheduler process until SIGTERM/SIGINT."""
     logging.getLogger().setLevel(logging.INFO)
     from pgdispatch.scheduler import main as scheduler_main
@@ -405,7 +411,7 @@ def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | 
         watch = Exporter(port=metrics_port, addr=metrics_addr).watch
     code = scheduler_main.run(obj.settings, database_url=obj.url, pools=list(pools), slots=slots,
                               name=name, grace_seconds=grace_seconds, max_batch=max_batch,
-                              listen=listen, watch=watch)
+                              listen=listen, listen_url=listen_url or None, watch=watch)
     sys.exit(code)
 
 

@@ -29,7 +29,8 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from pgdispatch.sql import DatabaseUnavailable, Settings, transitions
 from pgdispatch.sql.db import checkout
-from pgdispatch.sql.scheduling import listen_for_work, make_scheduler_pool, runner_pool_ids
+from pgdispatch.sql.scheduling import (check_listen_url, listen_for_work, make_scheduler_pool,
+                                       runner_pool_ids)
 from pgdispatch.sql.transitions import Claim
 from pgdispatch.sql.validate import check_max_batch
 
@@ -65,18 +66,24 @@ class Scheduler:
             (``--max-batch``, default 10; 1: one job per transaction). See claiming.py and
             reporting.CompletionReporter.
         listen: also wake the claim job when a job of its pools becomes claimable (LISTEN,
-            sql.scheduling.listen_for_work; ``--no-listen`` turns it off, e.g. behind
-            PgBouncer in transaction pooling). Polling every claim interval stays either way.
+            sql.scheduling.listen_for_work; ``--no-listen`` turns it off). Polling every
+            claim interval stays either way.
+        listen_url: where the listener connects (``--listen-url``): a session route, direct
+            to PostgreSQL or a pooler database in session mode, while everything else goes
+            to ``database_url``. When None the listener uses ``database_url``, unless that
+            goes through a pooler: then it does not listen (one warning; see
+            listen_for_work), since behind transaction pooling a LISTEN hears nothing.
         on_claimed(claim), on_started(claim, pid), on_completed(ExecutionResult): test
             signals, called from worker threads (River-style): wait on them instead of
             sleeping. on_completed is called for every claim, reported or not.
     Raises:
-        InvalidInput: ``max_batch`` outside 1..1000.
+        InvalidInput: ``max_batch`` outside 1..1000, or a ``listen_url`` libpq cannot parse.
     """
 
     def __init__(self, settings: Settings, *, database_url: str, pools: list[str], slots: int,
                  name: str | None = None, kill_grace_seconds: float = 5.0,
                  max_batch: int = DEFAULT_MAX_BATCH, listen: bool = True,
+                 listen_url: str | None = None,
                  on_claimed: Callable[[Claim], None] | None = None,
                  on_started: Callable[[Claim, int], None] | None = None,
                  on_completed: Callable[[ExecutionResult], None] | None = None):
@@ -88,6 +95,7 @@ class Scheduler:
         self.kill_grace_seconds = kill_grace_seconds
         self.max_batch = check_max_batch(max_batch)
         self.listen = listen
+        self.listen_url = check_listen_url(listen_url) if listen_url else None
         self.on_claimed = on_claimed
         self.on_started = on_started
         self.on_completed = on_completed
@@ -122,7 +130,8 @@ class Scheduler:
         self._watchdog = Watchdog(margin_seconds=fence_margin_seconds(self.settings.lease_seconds))
         self._db = make_scheduler_pool(
             self.database_url, slots=self.slots,
-            statement_deadline_seconds=self.settings.statement_deadline_seconds)
+            statement_deadline_seconds=self.settings.statement_deadline_seconds,
+            prepare_threshold=self.settings.prepare_threshold)
         try:
             if not self._register(stop_event):
                 self._db.close()
@@ -165,7 +174,9 @@ class Scheduler:
         if self.listen:
             self._listener = threading.Thread(
                 target=listen_for_work, name="wakeup-listener", daemon=True,
-                args=(self.database_url, self.pool_ids, self.wake_claimer, self._listener_stop))
+                args=(self.listen_url or self.database_url, self.pool_ids, self.wake_claimer,
+                      self._listener_stop),
+                kwargs={"is_session_route": self.listen_url is not None})
             self._listener.start()
         log.info("scheduler %s (runner %d) serving %s with %d slots; lease %g s, heartbeat %g s, "
                  "batches of up to %d", self.name, self.runner_id, ", ".join(self.pools),
@@ -336,7 +347,7 @@ def _install_signal_handlers(stop_event: threading.Event,
 def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
         name: str | None = None, grace_seconds: float = 30.0,
         max_batch: int = DEFAULT_MAX_BATCH, listen: bool = True,
-        stop_event: threading.Event | None = None,
+        listen_url: str | None = None, stop_event: threading.Event | None = None,
         watch: Callable[[Scheduler], None] | None = None) -> int:
     """Run a scheduler until SIGTERM/SIGINT (or ``stop_event``), then drain and stop.
 
@@ -346,12 +357,13 @@ def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
     installed only when called from the main thread. ``watch(scheduler)`` is called before
     it starts (``pgdispatch.scheduler.metrics.Exporter.watch``: this process's metrics endpoint).
     ``max_batch``: most builds claimed, and most outcomes reported, in one transaction
-    (1 turns batching off). ``listen``: wake on NOTIFY as well as polling (see Scheduler).
+    (1 turns batching off). ``listen``: wake on NOTIFY as well as polling; ``listen_url``:
+    the session route the listener uses (see Scheduler).
 
     Returns:
         0, the process exit code, once stopped.
     Raises:
-        NotFound: a pool name is unknown. InvalidInput: bad slots, name or max_batch.
+        NotFound: a pool name is unknown. InvalidInput: bad slots, name, max_batch or listen_url.
         (Nothing is then written.)
     """
     if logging.getLogger("apscheduler").level == logging.NOTSET:
@@ -362,7 +374,8 @@ def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
     restore = _install_signal_handlers(stop_event, hurry)
     try:
         scheduler = Scheduler(settings, database_url=database_url, pools=pools, slots=slots,
-                              name=name, max_batch=max_batch, listen=listen)
+                              name=name, max_batch=max_batch, listen=listen,
+                              listen_url=listen_url)
         if watch is not None:
             watch(scheduler)
         if not scheduler.start(stop_event=stop_event):

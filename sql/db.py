@@ -44,7 +44,9 @@ MAX_TRIES = 6
 # exist", or a bind to the wrong statement (tests/pooling/test_pgbouncer.py). Every statement
 # of ours is a short call of a PL/pgSQL function, whose plans the server caches itself, so
 # never preparing costs little and is safe on every route (psycopg docs, "Prepared
-# statements"; PgBouncer docs, "max_prepared_statements").
+# statements"; PgBouncer docs, "max_prepared_statements"). The default of connect and
+# make_pool; PGDISPATCH_PREPARE_THRESHOLD (sql/settings.py) passes another for a route that
+# keeps prepared statements per client.
 PREPARE_THRESHOLD = None
 
 
@@ -195,12 +197,13 @@ def tcp_liveness(url: str) -> dict[str, str]:
 
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pgdispatch",
               timeout_seconds: float = 10.0,
-              statement_deadline_seconds: float | None = STATEMENT_DEADLINE_SECONDS
-              ) -> ConnectionPool:
+              statement_deadline_seconds: float | None = STATEMENT_DEADLINE_SECONDS,
+              prepare_threshold: int | None = PREPARE_THRESHOLD) -> ConnectionPool:
     """A connection pool whose connections are checked on checkout, so that after a
     database restart a broken connection is replaced instead of handed out. Every answer a
     connection waits for, the check's included, is bounded by ``statement_deadline_seconds``
-    (``Connection``)."""
+    (``Connection``). ``prepare_threshold``: psycopg's (None: never prepare on the server;
+    Settings)."""
 
     def configure(conn: Connection) -> None:
         conn.statement_deadline_seconds = statement_deadline_seconds
@@ -211,7 +214,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pg
         connection_class=Connection, timeout=timeout_seconds,
         check=ConnectionPool.check_connection,
         kwargs=dict(autocommit=True, row_factory=dict_row, application_name=name,
-                    prepare_threshold=PREPARE_THRESHOLD, **tcp_liveness(url)),
+                    prepare_threshold=prepare_threshold, **tcp_liveness(url)),
         configure=configure, reconnect_timeout=300)
 
 

@@ -20,7 +20,9 @@ import hashlib
 import logging
 from pathlib import Path
 
-from .db import backoff_sleep, connect
+from psycopg.rows import dict_row
+
+from .db import PREPARE_THRESHOLD, backoff_sleep, connect
 from .errors import IncompatibleDatabase, PgDispatchError
 
 log = logging.getLogger(__name__)
@@ -38,9 +40,13 @@ FUNCTION_FILES = ("audit.sql", "capacity.sql", "claim.sql", "complete.sql", "exp
 # database that has any of them cannot be upgraded (its tables are not the baseline's).
 PRE_RELEASE_IDS = frozenset({"0001_initial", "0014_capacity_stripes"})
 
-# pg_advisory_lock key held while upgrading, so that several hosts running `db upgrade` at
-# once apply each migration exactly once (yoyo's own lock table is a second line of defence).
+# Advisory lock key taken by every try of an upgrade, first in its transaction and released
+# with it, so that several hosts running `db upgrade` at once apply each migration exactly
+# once. Transaction-level, not session-level: through a pooler in transaction mode a session
+# lock stays on whichever server connection ran the statement, which then serves other
+# clients, and the unlock may run on another one (tests/pooling/test_upgrade.py).
 ADVISORY_LOCK_KEY = 7_261_626_001
+UPGRADE_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s)"
 # The tables the transitions lock, in the order a claim or a completion first locks them
 # (docs/design.md, "Lock order"). An upgrade takes them all before it changes anything, in
 # EXCLUSIVE mode when only function files changed, in ACCESS EXCLUSIVE mode when a migration
@@ -140,48 +146,48 @@ def upgrade(url: str, *, migrations_dir: Path = MIGRATIONS_DIR,
     applied (empty when none was pending), with ``functions_reloaded`` saying whether the
     function files were loaded.
 
-    One transaction does all of it: the UPGRADE_LOCKS (see there; LOCK_TIMEOUT), every
-    pending migration, then every function file when their digest differs from the one the
-    database last loaded (kept in ``_pgdispatch_definitions``), then yoyo's record. Safe to
-    run from several processes or hosts at once: a session-level advisory lock (PostgreSQL
-    docs 13.3.5) serialises them. Safe under live claims and completions: an upgrade rolled
+    After a check of the database (read only), one transaction does all of it: the advisory
+    lock ``ADVISORY_LOCK_KEY``, yoyo's own tables when new, the UPGRADE_LOCKS (see there;
+    LOCK_TIMEOUT), every pending migration, then every function file when their digest
+    differs from the one the database last loaded (kept in ``_pgdispatch_definitions``), then
+    yoyo's record. Safe to run from several processes or hosts at once: the advisory lock
+    (PostgreSQL docs 13.3.5), held until that transaction ends, serialises them, and the
+    second finds nothing pending. Safe under live claims and completions: an upgrade rolled
     back by a deadlock or its lock timeout (``RETRY_SQLSTATES``) is tried again after a
     jittered backoff (0.1 s doubling, at most 5 s), at most ``UPGRADE_TRIES`` times; then
-    its error is raised. ``migrations_dir`` and ``functions_dir`` are for tests.
+    its error is raised. Safe through a pooler in transaction mode (PgBouncer): nothing
+    outlives the transaction on the server connection, and no statement is prepared on it
+    (tests/pooling/test_upgrade.py). ``migrations_dir`` and ``functions_dir`` are for tests.
 
     Raises:
         IncompatibleDatabase: the database was made by a pre-0.1.0 development version, or
             by a newer one, or is not pgdispatch's; nothing is changed.
         DatabaseUnavailable: the server cannot be reached.
     """
-    from yoyo import get_backend, read_migrations
+    from yoyo import read_migrations
 
     sources = function_sources(functions_dir)
     digest = definitions_digest(sources)
     migrations = read_migrations(str(migrations_dir))
-    with connect(url, application_name="pgdispatch-migrate") as lock_conn:
-        lock_conn.execute("SELECT pg_advisory_lock(%s)", (ADVISORY_LOCK_KEY,))
-        try:
-            _check_compatible(lock_conn, {m.id for m in migrations})
-            backend = get_backend(_yoyo_url(url))
+    with connect(url, application_name="pgdispatch-migrate") as conn:
+        # Read-only, so outside the lock: yoyo's tables and the baseline's are created in one
+        # transaction, so a concurrent upgrade's work is seen whole or not at all.
+        _check_compatible(conn, {m.id for m in migrations})
+    backend = _yoyo_backend(url)
+    try:
+        for try_no in range(1, UPGRADE_TRIES + 1):
             try:
-                _clear_yoyo_lock(backend)
-                backend.ensure_internal_schema_updated()
-                for try_no in range(1, UPGRADE_TRIES + 1):
-                    try:
-                        applied = _upgrade_once(backend, migrations, sources, digest)
-                        break
-                    except Exception as exc:
-                        state = _sqlstate(exc)
-                        if state not in RETRY_SQLSTATES or try_no == UPGRADE_TRIES:
-                            raise
-                        log.warning("upgrade rolled back (SQLSTATE %s), try %d of %d: %s",
-                                    state, try_no, UPGRADE_TRIES, " ".join(str(exc).split()))
-                        backoff_sleep(try_no, base_seconds=0.1, cap_seconds=5.0)
-            finally:
-                backend.connection.close()
-        finally:
-            lock_conn.execute("SELECT pg_advisory_unlock(%s)", (ADVISORY_LOCK_KEY,))
+                applied = _upgrade_once(backend, migrations, sources, digest)
+                break
+            except Exception as exc:
+                state = _sqlstate(exc)
+                if state not in RETRY_SQLSTATES or try_no == UPGRADE_TRIES:
+                    raise
+                log.warning("upgrade rolled back (SQLSTATE %s), try %d of %d: %s",
+                            state, try_no, UPGRADE_TRIES, " ".join(str(exc).split()))
+                backoff_sleep(try_no, base_seconds=0.1, cap_seconds=5.0)
+    finally:
+        backend.connection.close()
     for mid in applied:
         log.info("applied migration %s", mid)
     if applied.functions_reloaded:
@@ -189,15 +195,24 @@ def upgrade(url: str, *, migrations_dir: Path = MIGRATIONS_DIR,
     return applied
 
 
-def _clear_yoyo_lock(backend) -> None:
+def _yoyo_backend(url: str):
+    """yoyo's backend for ``url``, its connection set never to prepare a statement on the
+    server (``PREPARE_THRESHOLD``): it runs some statements more than five times, and a
+    prepared one would stay on a pooler's shared server connection."""
+    from yoyo import get_backend
+
+    backend = get_backend(_yoyo_url(url))
+    backend.connection.prepare_threshold = PREPARE_THRESHOLD
+    return backend
+
+
+def _clear_yoyo_lock(conn) -> None:
     """Delete a lock row yoyo left behind. pgdispatch serialises upgrades with its advisory
-    lock, which PostgreSQL releases with the session however the process ends, so yoyo's own
-    lock row is not taken; one left by a killed older upgrade (or a yoyo command) would make
-    every later upgrade wait and fail ("Process N has locked this database")."""
-    conn = backend.connection
-    with backend.transaction():
-        if conn.execute("SELECT to_regclass('yoyo_lock')").fetchone()[0] is not None:
-            conn.execute("DELETE FROM yoyo_lock")
+    lock, which PostgreSQL releases with the transaction however the process ends, and never
+    takes yoyo's own lock row; one left by a killed older upgrade (or a yoyo command) would
+    make yoyo's commands wait and fail ("Process N has locked this database")."""
+    if conn.execute("SELECT to_regclass('yoyo_lock') IS NOT NULL AS e").fetchone()["e"]:
+        conn.execute("DELETE FROM yoyo_lock")
 
 
 _OURS = """
@@ -232,9 +247,19 @@ def _refuse_leftovers(before: dict[str, str], after: dict[str, str]) -> None:
 
 def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: str) -> Applied:
     """One try of ``upgrade`` on yoyo's connection, in one transaction; the ids applied."""
-    pending = backend.to_apply(migrations)
+    from yoyo import internalmigrations
+
     conn = backend.connection  # psycopg: no placeholder parsing without parameters
     with backend.transaction():
+        conn.execute(UPGRADE_LOCK_SQL, (ADVISORY_LOCK_KEY,))
+        with conn.cursor(row_factory=dict_row) as cur:
+            _clear_yoyo_lock(cur)
+        # yoyo's own tables, in this transaction (a savepoint), under the advisory lock:
+        # backend.ensure_internal_schema_updated would take yoyo's lock row in transactions
+        # of its own instead
+        if internalmigrations.needs_upgrading(backend):
+            internalmigrations.upgrade(backend)
+        pending = backend.to_apply(migrations)
         conn.execute("CREATE TABLE IF NOT EXISTS _pgdispatch_definitions ("
                      " digest text NOT NULL, loaded_at timestamptz NOT NULL DEFAULT now())")
         loaded = conn.execute("SELECT digest FROM _pgdispatch_definitions").fetchone()

@@ -14,10 +14,11 @@ import threading
 from collections.abc import Callable
 
 import psycopg
+import psycopg.conninfo
 from psycopg_pool import ConnectionPool
 
 from .db import connect, make_pool, transition
-from .errors import DatabaseUnavailable, NotFound
+from .errors import DatabaseUnavailable, InvalidInput, NotFound
 from .queries import Q
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,8 @@ WAKEUP_CHANNEL = "pgdispatch_queued"  # migrations/0006_wakeups.sql; payload: th
 
 
 def make_scheduler_pool(url: str, *, slots: int, timeout_seconds: float = 2.0,
-                        statement_deadline_seconds: float = 30.0) -> ConnectionPool:
+                        statement_deadline_seconds: float = 30.0,
+                        prepare_threshold: int | None = None) -> ConnectionPool:
     """A pool sized for one scheduler: a connection per running job (its heartbeats and its
     completion) plus a few for the periodic jobs (claim, expiry, summary, runner keep-alive).
 
@@ -36,11 +38,13 @@ def make_scheduler_pool(url: str, *, slots: int, timeout_seconds: float = 2.0,
     ``timeout_seconds`` bounds how long a checkout waits: short, so that during an outage a
     periodic job fails fast and backs off instead of queueing behind the reconnection.
     ``statement_deadline_seconds`` bounds every answer a connection waits for
-    (sql/db.py, Connection).
+    (sql/db.py, Connection). ``prepare_threshold``: psycopg's (None, the default: never
+    prepare on the server; Settings.prepare_threshold).
     """
     return make_pool(url, min_size=1, max_size=slots + 4, name="pgdispatch-scheduler",
                      timeout_seconds=timeout_seconds,
-                     statement_deadline_seconds=statement_deadline_seconds)
+                     statement_deadline_seconds=statement_deadline_seconds,
+                     prepare_threshold=prepare_threshold)
 
 
 @transition("runner_pool_ids")
@@ -58,17 +62,26 @@ def runner_pool_ids(conn, *, runner_id: int) -> list[int]:
 
 def listen_for_work(url: str, pool_ids: list[int], on_work: Callable[[], None],
                     stop: threading.Event, *, poll_seconds: float = 1.0,
-                    max_backoff_seconds: float = 30.0) -> None:
+                    max_backoff_seconds: float = 30.0, is_session_route: bool = False) -> bool:
     """Until ``stop`` is set: LISTEN on WAKEUP_CHANNEL over a connection of its own and call
     ``on_work()`` whenever a job of one of ``pool_ids`` became claimable (NOTIFY from
-    migrations/0006_wakeups.sql), and once after every (re)connection, since notifications
+    sql/functions/submit.sql), and once after every (re)connection, since notifications
     sent while not listening are lost (PostgreSQL docs, LISTEN). Checks ``stop`` every
     ``poll_seconds``. A broken connection is reopened after a backoff doubling from 0.5 s to
-    ``max_backoff_seconds``. Never raises; ``on_work``'s exceptions are logged.
+    ``max_backoff_seconds``. ``on_work``'s exceptions are logged.
 
-    The connection must be a real session: behind PgBouncer in transaction pooling LISTEN
-    silently hears nothing (route it to session pooling, or run the scheduler with
-    ``--no-listen`` and rely on polling; docs/operations.md).
+    The connection must be a session of its own on the server: behind a pooler in
+    transaction mode the LISTEN is left on a server connection that other clients go on
+    using, and the listener hears nothing (tests/pooling/test_listener.py). So unless the
+    caller says ``url`` is a session route (``is_session_route``: direct to PostgreSQL, or
+    a pooler database in session mode; the scheduler's ``--listen-url``), a connection that
+    goes through a pooler is not listened on: it is recognised by the process id the server
+    reports differing from the one the connection was given at start-up (a pooler hands out
+    its own), one warning names the fix, and the function returns at once.
+
+    Returns:
+        False when it gave up on a pooled route without listening, True when ``stop`` was set.
+        Never raises.
     """
     wanted = {str(p) for p in pool_ids}
     delay = 0.5
@@ -76,6 +89,14 @@ def listen_for_work(url: str, pool_ids: list[int], on_work: Callable[[], None],
         try:
             with connect(url, application_name="pgdispatch-listener",
                          statement_deadline_seconds=None) as conn:
+                if not is_session_route and _is_pooled(conn):
+                    log.warning(
+                        "wake-up listener: DATABASE_URL goes through a connection pooler, where "
+                        "LISTEN may hear nothing; not listening, polling every claim interval. "
+                        "Give the scheduler --listen-url (PGDISPATCH_LISTEN_URL) with a session "
+                        "route (direct to PostgreSQL, or a PgBouncer database in pool_mode "
+                        "session), or --no-listen")
+                    return False
                 conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
                 delay = 0.5
                 _call(on_work)
@@ -85,12 +106,44 @@ def listen_for_work(url: str, pool_ids: list[int], on_work: Callable[[], None],
                             _call(on_work)
                         if stop.is_set():
                             break
-        except (psycopg.Error, DatabaseUnavailable) as exc:
+        except (psycopg.Error, DatabaseUnavailable, InvalidInput) as exc:
             log.warning("wake-up listener: %s; listening again in %.1f s",
                         str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
                         delay)
             stop.wait(delay)
             delay = min(max_backoff_seconds, delay * 2)
+    return True
+
+
+def check_listen_url(url: str) -> str:
+    """``url`` when libpq can parse it (a URL or a conninfo string).
+
+    Raises:
+        InvalidInput: one line naming ``--listen-url``, without the URL (it may hold a password).
+    """
+    try:
+        psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.ProgrammingError as exc:
+        raise InvalidInput(f"--listen-url (PGDISPATCH_LISTEN_URL) is not a valid database URL: "
+                           f"{str(exc).splitlines()[0]}") from None
+    return url
+
+
+def _is_pooled(conn) -> bool:
+    """Whether ``conn`` reaches PostgreSQL through a connection pooler (PgBouncer, any mode).
+
+    The server sends a session its process id at start-up (BackendKeyData, which a cancel
+    request names); a pooler answers the start-up itself, with a number of its own, so that
+    a cancel comes to it. A session whose ``pg_backend_pid()`` differs from that number is
+    therefore not a direct one. A plain TCP proxy passes the start-up through and counts as
+    direct, which it is: the session is the client's own.
+
+    Raises:
+        psycopg.Error: the connection broke.
+    """
+    row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
+    pid = row["pid"] if isinstance(row, dict) else row[0]
+    return pid != conn.info.backend_pid
 
 
 def _call(fn: Callable[[], None]) -> None:

@@ -17,6 +17,7 @@ from .errors import InvalidInput
 MAX_LEASE_SECONDS = 86400.0
 MAX_INTERVAL_SECONDS = 3600.0
 MAX_BACKOFF_SECONDS = 2592000.0  # 30 days, pgd_backoff_seconds' own clamp too
+MAX_PREPARE_THRESHOLD = 1_000_000
 
 
 def _float(env: dict[str, str], name: str, default: float, *, maximum: float) -> float:
@@ -38,6 +39,25 @@ def _float(env: dict[str, str], name: str, default: float, *, maximum: float) ->
     return value
 
 
+def _prepare_threshold(env: dict[str, str]) -> int | None:
+    """``PGDISPATCH_PREPARE_THRESHOLD``: None (never prepare) when unset, empty or ``off``,
+    else how many times psycopg runs a statement on a connection before it prepares it on
+    the server (0: at once), as psycopg's ``prepare_threshold``.
+
+    Raises:
+        InvalidInput: neither ``off`` nor a whole number in 0..MAX_PREPARE_THRESHOLD.
+    """
+    name = "PGDISPATCH_PREPARE_THRESHOLD"
+    raw = env.get(name)
+    if raw is None or raw.strip() == "" or raw.strip().lower() == "off":
+        return None
+    text = raw.strip()
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_PREPARE_THRESHOLD:
+        raise InvalidInput(f"{name} must be off (never prepare statements on the server) or a "
+                           f"whole number of runs from 0 to {MAX_PREPARE_THRESHOLD}, got {raw!r}")
+    return int(text)
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Process settings; every duration is in seconds.
@@ -56,6 +76,11 @@ class Settings:
             (sql/db.py, Connection).
         secret_key: session signing key for the console; None until resolved.
         bind: console address, HOST:PORT.
+        prepare_threshold: None (the default, safe on every route) never prepares a statement
+            on the server; N lets psycopg prepare one after N runs on a connection, for a
+            direct connection or a pooler that keeps prepared statements per client
+            (PgBouncer 1.21 or later with max_prepared_statements). Never through a
+            transaction pooler without that (docs/operations.md, PgBouncer).
     """
 
     database_url: str | None = None
@@ -70,6 +95,7 @@ class Settings:
     statement_deadline_seconds: float = 30.0
     secret_key: str | None = None
     bind: str = "127.0.0.1:8000"
+    prepare_threshold: int | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides) -> "Settings":
@@ -78,7 +104,8 @@ class Settings:
         Raises:
             InvalidInput: a variable is present but not a number of seconds within its bound
                 (MAX_LEASE_SECONDS, MAX_INTERVAL_SECONDS, MAX_BACKOFF_SECONDS), the backoff
-                base is above its cap, or the heartbeat is not shorter than the lease.
+                base is above its cap, or the heartbeat is not shorter than the lease;
+                PGDISPATCH_PREPARE_THRESHOLD is neither ``off`` nor a whole number.
         """
         env = dict(os.environ if env is None else env)
         def seconds(name: str, default: float, maximum: float) -> float:
@@ -98,6 +125,7 @@ class Settings:
             statement_deadline_seconds=seconds("STATEMENT_DEADLINE", 30.0, MAX_INTERVAL_SECONDS),
             secret_key=env.get("PGDISPATCH_SECRET_KEY") or None,
             bind=env.get("PGDISPATCH_BIND") or "127.0.0.1:8000",
+            prepare_threshold=_prepare_threshold(env),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)

@@ -33,7 +33,8 @@ def _pool(app: Flask):
                                     max_size=app.config["DB_POOL_MAX_SIZE"], name="pgdispatch-web",
                                     timeout_seconds=app.config["DB_POOL_TIMEOUT_SECONDS"],
                                     statement_deadline_seconds=app.config[
-                                        "DB_STATEMENT_DEADLINE_SECONDS"])
+                                        "DB_STATEMENT_DEADLINE_SECONDS"],
+                                    prepare_threshold=app.config["PGDISPATCH_SETTINGS"].prepare_threshold)
             holder = (os.getpid(), pool)
             app.extensions[_KEY] = holder
     return holder[1]

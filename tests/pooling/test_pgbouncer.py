@@ -70,3 +70,72 @@ def test_the_check_fails_with_server_side_prepared_statements(world, db_url, pgb
     errors, succeeded = run_through_the_pooler(world, pgbouncer_url(db_url), prepare_threshold=0)
     assert errors and any("prepared statement" in e for e in errors), errors
     assert succeeded < CLIENTS * ROUNDS
+
+
+def run_batches_through_the_pooler(world, url: str, **connect_kwargs) -> tuple[list[str], int]:
+    """CLIENTS connections through the pooler take turns, ROUNDS times each: submit three
+    builds, claim them in one batch (claim_batch), heartbeat each, report them in one batch
+    (complete_batch: two succeeded, one failed). Returns (errors, jobs that ended with the
+    outcome reported for them)."""
+    world.setup()
+    runner = world.runner(slots=3 * CLIENTS)
+    pools = world.pool_ids(("linux",))
+    errors: list[str] = []
+    conns = []
+    try:
+        for i in range(CLIENTS):
+            try:
+                conns.append(db.connect(url, application_name=f"pooled-{i}", **connect_kwargs))
+            except Exception as exc:  # noqa: BLE001 - the connection's own set-up statement
+                errors.append(str(exc).splitlines()[0])
+        for _ in range(ROUNDS):
+            for conn in conns:
+                try:
+                    for _ in range(3):
+                        transitions.submit(conn, project="web", pool="linux", command=["true"])
+                    claims = transitions.claim_batch(
+                        conn, runner_id=runner, pools=pools, lease_seconds=60,
+                        claim_tokens=[transitions.new_claim_token() for _ in range(3)])
+                    if len(claims) != 3:
+                        errors.append(f"claim_batch took {len(claims)} of 3")
+                    for c in claims:
+                        lease = transitions.heartbeat(conn, attempt_id=c.attempt_id,
+                                                      generation=c.generation, lease_seconds=120,
+                                                      output_tail="still going")
+                        if lease.is_cancel_requested:
+                            errors.append(f"attempt {c.attempt_id}: a cancel no one asked for")
+                    answers = transitions.complete_batch(conn, items=[
+                        {"attempt_id": c.attempt_id, "generation": c.generation,
+                         "outcome": "failed" if i == 2 else "succeeded",
+                         "exit_code": 1 if i == 2 else 0, "receipt_key": c.receipt_key}
+                        for i, c in enumerate(claims)])
+                    if len(answers) != len(claims):
+                        errors.append(f"complete_batch answered {len(answers)} of {len(claims)}")
+                except Exception as exc:  # noqa: BLE001 - what the pooler does to us, asserted
+                    errors.append(str(exc).splitlines()[0])
+    finally:
+        for conn in conns:
+            conn.close()
+    true_outcomes = world.conn.execute("""
+        SELECT count(*) AS n FROM jobs j JOIN attempts a ON a.job_id = j.id
+         WHERE a.state = j.state AND a.last_heartbeat_at IS NOT NULL
+           AND a.lease_expires_at > a.claimed_at + interval '90 seconds'
+           AND (j.state, a.exit_code) IN (('succeeded', 0), ('failed', 1))""").fetchone()["n"]
+    return errors, true_outcomes
+
+
+def test_batches_and_heartbeats_run_through_a_shared_server_connection(world, db_url,
+                                                                        pgbouncer_url):
+    errors, true_outcomes = run_batches_through_the_pooler(world, pgbouncer_url(db_url))
+    assert errors == []
+    assert true_outcomes == 3 * CLIENTS * ROUNDS
+    assert world.conn.execute("SELECT state, count(*) AS n FROM jobs GROUP BY 1 ORDER BY 1"
+                              ).fetchall() == [{"state": "failed", "n": CLIENTS * ROUNDS},
+                                               {"state": "succeeded", "n": 2 * CLIENTS * ROUNDS}]
+
+
+def test_the_batch_check_fails_with_server_side_prepared_statements(world, db_url, pgbouncer_url):
+    errors, true_outcomes = run_batches_through_the_pooler(world, pgbouncer_url(db_url),
+                                                           prepare_threshold=0)
+    assert errors and any("prepared statement" in e for e in errors), errors
+    assert true_outcomes < 3 * CLIENTS * ROUNDS

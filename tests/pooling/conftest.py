@@ -8,7 +8,7 @@ on a loopback port from a config in a temporary folder.
   also run concurrently (scheduler processes, upgrades racing); ``pooler.url(db_url)``, and
   ``pooler.session_alias(db_url)``: a second database entry for the same database with
   ``pool_mode = session``, the route a scheduler's wake-up listener takes
-  (``--listen-url``), as docs/pooling-draft.md describes it.
+  (``--listen-url``), as docs/operations.md ("Deployment guide") describes it.
 """
 
 from __future__ import annotations

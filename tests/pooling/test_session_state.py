@@ -1,4 +1,4 @@
-"""What session state does behind PgBouncer in transaction pooling, as docs/pooling-draft.md
+"""What session state does behind PgBouncer in transaction pooling, as docs/operations.md ("Deployment guide")
 states it: a session-level setting made by one client stays on the server connection for
 the next client of it.
 

@@ -286,10 +286,13 @@ def terminated(url):
         return raised(lambda: victim.execute("SELECT pg_sleep(5)"))
 
 
-def cancelled(url):
-    with db.connect(url) as conn:
-        conn.execute("SET statement_timeout = '50ms'")
-        return raised(lambda: conn.execute("SELECT pg_sleep(1)"))
+def set_up_then(setup: str, statement: str):
+    """Provoke an error: on one connection, ``setup``, then ``statement``, which fails."""
+    def provoke(url):
+        with db.connect(url) as conn:
+            conn.execute(setup)
+            return raised(lambda: conn.execute(statement))
+    return provoke
 
 
 def idle_in_transaction(url):
@@ -306,20 +309,15 @@ def unknown_statement(url):
         return raised(lambda: conn.execute("EXECUTE pgd_never_prepared"))
 
 
-def doubled_statement(url):
-    with db.connect(url) as conn:
-        conn.execute("PREPARE pgd_twice AS SELECT 1")
-        return raised(lambda: conn.execute("PREPARE pgd_twice AS SELECT 1"))
-
-
-def read_only(url):
-    with db.connect(url) as conn:
-        conn.execute("SET default_transaction_read_only = on")  # as a standby answers
-        return raised(lambda: conn.execute("CREATE TABLE pgd_never (x int)"))
-
-
-SERVER_ERRORS = {"57P01": terminated, "57014": cancelled, "25P03": idle_in_transaction,
-                 "26000": unknown_statement, "42P05": doubled_statement, "25006": read_only}
+SERVER_ERRORS = {
+    "57P01": terminated,
+    "57014": set_up_then("SET statement_timeout = '50ms'", "SELECT pg_sleep(1)"),
+    "25P03": idle_in_transaction,
+    "26000": unknown_statement,
+    "42P05": set_up_then("PREPARE pgd_twice AS SELECT 1", "PREPARE pgd_twice AS SELECT 1"),
+    # as a standby answers
+    "25006": set_up_then("SET default_transaction_read_only = on", "CREATE TABLE pgd_never (x int)"),
+}
 
 
 @pytest.mark.parametrize("state", SERVER_ERRORS)

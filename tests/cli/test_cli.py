@@ -12,47 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from .support import CONFIG, run_pgdispatch
+
 ROOT = Path(__file__).resolve().parents[2]
-
-CONFIG = """
-[[organizations]]
-name = "acme"
-max_running = 5
-
-[[pools]]
-name = "linux"
-slots = 8
-
-[[pools]]
-name = "deploy"
-slots = 2
-
-[[projects]]
-name = "web"
-organization = "acme"
-pools = ["linux", "deploy"]
-weight = 1
-max_running = 3
-
-[[targets]]
-name = "production"
-
-[[users]]
-username = "alice"
-role = "operator"
-password_env = "ALICE_PASSWORD"
-"""
 
 
 @pytest.fixture
 def pgd(db_url, tmp_path):
     """Run ``pgdispatch ARGS`` against this test's database; returns the CompletedProcess."""
-    env = {**os.environ, "DATABASE_URL": db_url, "ALICE_PASSWORD": "correct horse battery",
-           "PGDISPATCH_ACTOR": "tester"}
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "pgdispatch", *args], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
+        proc = run_pgdispatch(db_url, tmp_path, *args)
         if check:
             assert proc.returncode == 0, proc.stderr
         return proc

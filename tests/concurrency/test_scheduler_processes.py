@@ -23,17 +23,15 @@ stale read (and the sweep, in test_claim_races.py, catching over-admission).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from pgdispatch.sql import db, transitions
 
 from ..faults import consistency
+from . import processes
 from .harness import Watcher, attempt_shapes, limits, max_overlaps, run_together
 
-ROOT = Path(__file__).resolve().parents[2]
 SCHEDULERS = 6
 SLOTS = 3
 JOBS = int(os.environ.get("PGDISPATCH_PROCESS_LOAD_JOBS", "1500"))
@@ -74,28 +72,15 @@ def submit_jobs(conn, n: int) -> int:
     return failing
 
 
-def start_schedulers(db_url: str, tmp_path: Path) -> list[tuple[subprocess.Popen, Path]]:
+def start_schedulers(db_url: str, tmp_path: Path) -> processes.Procs:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
     env.update(DATABASE_URL=db_url, PGDISPATCH_LEASE_SECONDS="10",
                PGDISPATCH_HEARTBEAT_SECONDS="2", PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2",
                PGDISPATCH_EXPIRE_INTERVAL_SECONDS="0.5", PGDISPATCH_SUMMARY_INTERVAL_SECONDS="2",
                PGDISPATCH_BACKOFF_BASE_SECONDS="0.1", PGDISPATCH_BACKOFF_CAP_SECONDS="0.2",
                PGDISPATCH_DATA_DIR=str(tmp_path / "data"))
-    procs = []
-    for i in range(SCHEDULERS):
-        log_path = tmp_path / f"scheduler-{i}.log"
-        with open(log_path, "wb") as log:
-            procs.append((subprocess.Popen(
-                [sys.executable, "-m", "pgdispatch", "scheduler", "--pool", "linux",
-                 "--slots", str(SLOTS), "--name", f"s{i}"],
-                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL), log_path))
-    return procs
-
-
-def logs(procs) -> str:
-    return "\n".join(f"--- {path.name} (exit {p.poll()}) ---\n"
-                     f"{path.read_text(errors='replace')[-3000:]}" for p, path in procs)
+    return processes.start_schedulers(env, tmp_path, SCHEDULERS, lambda i: [
+        "--pool", "linux", "--slots", str(SLOTS), "--name", f"s{i}"])
 
 
 def test_six_scheduler_processes_run_every_job_exactly_once_within_limits(world, db_url,
@@ -115,15 +100,8 @@ def test_six_scheduler_processes_run_every_job_exactly_once_within_limits(world,
                 time.sleep(0.2)
         elapsed = time.monotonic() - started
     finally:
-        for p, _ in procs:
-            p.terminate()
-        for p, _ in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-    assert [p.returncode for p, _ in procs] == [0] * SCHEDULERS, logs(procs)
+        exit_codes = processes.stop(procs)
+    assert exit_codes == [0] * SCHEDULERS, logs(procs)
 
     c = world.conn
     span = c.execute("SELECT extract(epoch FROM max(finished_at) - min(claimed_at))::float8 AS s, "

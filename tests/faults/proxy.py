@@ -17,6 +17,14 @@ the kernel as usual), so the client waits for an answer that never comes. ``refu
 sqlstate, message)`` makes the proxy answer the next request containing ``marker`` with that
 error itself, never forwarding it, as PgBouncer does with its own errors (08P01 and kin); or,
 with no SQLSTATE, swallow it and never answer (a pooler stalled before the server).
+
+``close_clients()`` cuts every connection open at that moment, both sides; with
+``reset=True`` as a reset (SO_LINGER 0, as ``ss -K`` gives the socket it kills): the client
+sees its connection fail, the server side (PostgreSQL or PgBouncer) sees its client gone, and
+a server session busy with a statement goes on with it regardless. ``hold_replies()`` stops
+passing the server's answers on until the next cut (they wait in the proxy), so that a
+statement can commit without its client hearing of it. Connections made after a cut go
+through as usual.
 """
 
 from __future__ import annotations
@@ -131,7 +139,9 @@ class CommitDroppingProxy:
         self.stall = False
         self.refusal: tuple[bytes, str | None, str | None] | None = None
         self.refused = 0
-        self._links: list[tuple[socket.socket, socket.socket]] = []
+        self._links: set[tuple[socket.socket, socket.socket]] = set()
+        self._replies = threading.Event()
+        self._replies.set()
         self._closed = threading.Event()
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -144,12 +154,27 @@ class CommitDroppingProxy:
         self._closed.set()
         self.listener.close()
 
-    def close_clients(self) -> None:
-        """Cut every connection made through the proxy so far (both sides)."""
+    def close_clients(self, *, reset: bool = False) -> int:
+        """Cut every connection open through the proxy now (both sides; with ``reset`` as a
+        TCP reset); returns how many there were."""
         with self._lock:
-            links, self._links = self._links, []
+            links, self._links = self._links, set()
+        if reset:
+            # on every socket before any is shut down: a pump woken by the first shutdown
+            # closes the other socket itself, and that must be a reset too
+            for s in (s for link in links for s in link if s.family != socket.AF_UNIX):
+                try:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                except OSError:
+                    pass
         for client, server in links:
             self._close(client, server)
+        self._replies.set()  # a held pump wakes to find its sockets closed, and ends
+        return len(links)
+
+    def hold_replies(self) -> None:
+        """Stop passing the server's answers on, until the next ``close_clients``."""
+        self._replies.clear()
 
     def _connect_upstream(self) -> socket.socket:
         if isinstance(self.upstream, str):
@@ -206,16 +231,21 @@ class CommitDroppingProxy:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            server = self._connect_upstream()
+            try:
+                server = self._connect_upstream()
+            except OSError:
+                client.close()
+                continue
             with self._lock:
-                self._links.append((client, server))
+                self._links.add((client, server))
             drop = ReplyDrop(self.drop_after_commit, self)
             threading.Thread(target=self._pump_server, args=(server, client, drop), daemon=True).start()
             threading.Thread(target=self._pump_client, args=(client, server, drop), daemon=True).start()
 
-    @staticmethod
-    def _close(*socks: socket.socket) -> None:
-        for s in socks:
+    def _close(self, client: socket.socket, server: socket.socket) -> None:
+        with self._lock:
+            self._links.discard((client, server))
+        for s in (client, server):
             try:
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -237,6 +267,7 @@ class CommitDroppingProxy:
                             read_message(server)
                     break
                 if out:
+                    self._replies.wait()  # held back; a cut closes the client first: dropped
                     client.sendall(out)
         except (OSError, ConnectionError, struct.error):
             pass

@@ -3,8 +3,8 @@
 transaction pooling, for a build and for a deployment.
 
 The reproduction from the issue: another session holds the project's claim lock, a claim
-blocks on it, the claim's client socket is cut (tests/faults/cut_proxy.py, a relay that
-resets its connections as ``ss -K`` does), the client recovers its claim — and only then is
+blocks on it, the claim's client socket is cut (tests/faults/proxy.py's
+``close_clients(reset=True)``: its connections reset as ``ss -K`` does), the client recovers its claim — and only then is
 the lock released, so the orphaned server session goes on with the claim. Recovery
 (transitions.recover_claims, sql/functions/claim.sql) must answer at once, without waiting
 for that session or needing to find it, and its answer must stay true: "void" means the
@@ -39,8 +39,8 @@ from ..pooling.conftest import pgbouncer_url  # noqa: F401 - a fixture, used by 
 from ..scheduler.conftest import FAST, Signals
 from . import consistency, pause_point
 from .conftest import upstream_of
-from .cut_proxy import CuttableProxy
 from .invariants import check_invariants
+from .proxy import CommitDroppingProxy
 
 WAIT_S = 30.0
 KINDS = ["build", "deployment"]
@@ -66,11 +66,12 @@ def route(request, db_url) -> Route:
 
 @pytest.fixture
 def relay(route):
-    """A CuttableProxy in front of the route: ``relay.url`` goes through it."""
-    p = CuttableProxy(route.upstream)
+    """A proxy in front of the route: ``relay.db_url`` goes through it."""
+    p = CommitDroppingProxy(route.upstream)
     p.db_url = p.url(route.database)
     yield p
     p.close()
+    p.close_clients()
 
 
 class Background:
@@ -176,7 +177,7 @@ def cut_off_blocked_claim(world, db_url, route, relay, w, *, commit_first: bool 
             relay.hold_replies()
             holder.release()
             wait_for(lambda: attempts_with(world.conn, token), "the claim to commit")
-        assert relay.cut() >= 1
+        assert relay.close_clients(reset=True) >= 1
         claiming.join()
         assert isinstance(claiming.error, DatabaseUnavailable), (claiming.value, claiming.error)
         # The recovery goes the same way (a new connection; through PgBouncer, another
@@ -368,7 +369,7 @@ def run_a_scheduler_cut_off_mid_claim(world, db_url, relay, kind: str, tmp_path:
     try:
         [orphan] = wait_for(lambda: sessions_waiting(world.conn, "pgd_claim"),
                             "the scheduler's claim to block on the project's claim lock")
-        relay.cut()
+        relay.close_clients(reset=True)
         # the next round recovers first: the token is voided while its claim still waits
         # (the first tombstone: a claim sent later on a pooled connection the cut broke
         # may be lost and voided too)
@@ -410,12 +411,13 @@ def test_the_check_fails_when_a_scheduler_claim_ignores_the_tombstones(world, db
     it, its lease lapses, and the build fails without having run, the deployment leaves the
     target uncertain though it was never handed to a runner."""
     world.conn.execute(variants.variant_sql(world.conn, "pgd_check_tombstones", NO_TOMBSTONE_CHECK))
-    relay = CuttableProxy(upstream_of(db_url))
+    relay = CommitDroppingProxy(upstream_of(db_url))
     relay.db_url = relay.url(urlsplit(db_url).path.lstrip("/"))
     try:
         got = run_a_scheduler_cut_off_mid_claim(world, db_url, relay, kind, tmp_path)
     finally:
         relay.close()
+        relay.close_clients()
     assert got["runs"] == 0
     [attempt] = attempts_with(world.conn, got["token"])
     if kind == "deployment":

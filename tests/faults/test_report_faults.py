@@ -24,9 +24,8 @@ import time
 
 import pytest
 
-from pgdispatch.scheduler.main import Scheduler
-
-from ..scheduler.conftest import FAST, Signals, wait_until
+from ..scheduler.conftest import FAST, wait_until
+from ..scheduler.conftest import start_scheduler  # noqa: F401 - a fixture, used by start_through
 
 # a deadline short enough for the test, longer than the lease: without the heartbeats going
 # on during the report the stalled job's lease would lapse before its report got through
@@ -52,21 +51,10 @@ CREATE TRIGGER test_report_fault BEFORE UPDATE ON attempts FOR EACH ROW
 
 
 @pytest.fixture
-def start_through(proxy):
-    started: list[Scheduler] = []
-
-    def start(settings=SETTINGS, slots: int = 2) -> tuple[Scheduler, Signals]:
-        signals = Signals()
-        s = Scheduler(settings, database_url=proxy.db_url, pools=["linux"], slots=slots,
-                      kill_grace_seconds=1.0, on_started=lambda c, pid: signals.started.put((c, pid)),
-                      on_completed=signals.completed.put, listen=False)
-        assert s.start()
-        started.append(s)
-        return s, signals
-
-    yield start
-    for s in started:
-        s.stop(grace_seconds=0)
+def start_through(proxy, start_scheduler):
+    """``start_through()``: a scheduler (pool linux, two slots, no listener) whose every
+    connection goes through the proxy."""
+    return lambda: start_scheduler(settings=SETTINGS, database_url=proxy.db_url, listen=False)
 
 
 def inject(kind: str, proxy, world) -> None:

@@ -18,7 +18,6 @@ import threading
 import time
 
 import psycopg
-import psycopg.conninfo
 import pytest
 
 from pgdispatch.sql import DatabaseUnavailable, accounts, db, errors, migrate, transitions
@@ -32,10 +31,6 @@ from ..webapp.support import ensure_account
 # after DB_POOL_TIMEOUT: both short, so that every case answers within a second or two.
 QUERY_WAIT_TIMEOUT = 1
 DB_POOL_TIMEOUT = 0.5
-
-
-def dbname(url: str) -> str:
-    return psycopg.conninfo.conninfo_to_dict(url)["dbname"]
 
 
 class Console:
@@ -141,14 +136,14 @@ def assert_cli_unavailable(url: str) -> str:
 
 def test_a_pooler_that_cannot_reach_its_server(db_url, make_bouncer, consoles):
     bouncer = make_bouncer(nowhere=True, server_login_retry=1, query_wait_timeout=QUERY_WAIT_TIMEOUT)
-    console = consoles(bouncer.url(dbname(db_url)), sign_in_url=db_url)
+    console = consoles(bouncer.url(db_url), sign_in_url=db_url)
     assert_console_unavailable(console)
-    assert "query_wait_timeout" in assert_cli_unavailable(bouncer.url(dbname(db_url)))
+    assert "query_wait_timeout" in assert_cli_unavailable(bouncer.url(db_url))
 
 
 def test_a_pooler_out_of_client_connections(db_url, make_bouncer, consoles):
     bouncer = make_bouncer(max_client_conn=2)
-    url = bouncer.url(dbname(db_url))
+    url = bouncer.url(db_url)
     held = [psycopg.connect(url) for _ in range(2)]
     try:
         console = consoles(url, sign_in_url=db_url)
@@ -162,7 +157,7 @@ def test_a_pooler_out_of_client_connections(db_url, make_bouncer, consoles):
 
 def test_a_pooler_whose_only_server_connection_is_taken(db_url, make_bouncer, consoles):
     bouncer = make_bouncer(default_pool_size=1, query_wait_timeout=QUERY_WAIT_TIMEOUT)
-    url = bouncer.url(dbname(db_url))
+    url = bouncer.url(db_url)
     holder = psycopg.connect(url)
     holder.execute("SELECT 1")  # a transaction left open holds the server connection
     try:
@@ -175,7 +170,7 @@ def test_a_pooler_whose_only_server_connection_is_taken(db_url, make_bouncer, co
 
 def test_a_paused_pooler(db_url, make_bouncer, consoles):
     bouncer = make_bouncer(query_wait_timeout=QUERY_WAIT_TIMEOUT)
-    url = bouncer.url(dbname(db_url))
+    url = bouncer.url(db_url)
     console = consoles(url)
     assert_console_ok(console)
     bouncer.admin("PAUSE")
@@ -191,7 +186,7 @@ def test_a_paused_pooler(db_url, make_bouncer, consoles):
 def test_a_pooler_killed_while_a_request_waits_on_it(db_url, world, make_bouncer, consoles):
     world.setup()
     bouncer = make_bouncer()
-    url = bouncer.url(dbname(db_url))
+    url = bouncer.url(db_url)
     console = consoles(url)
     assert_console_ok(console)
     answers = []
@@ -240,7 +235,7 @@ def test_the_server_stopped(own_server, make_bouncer, consoles):
     direct = consoles(url)
     bouncer = make_bouncer(upstream_url=url, server_login_retry=1,
                            query_wait_timeout=QUERY_WAIT_TIMEOUT)
-    pooled = consoles(bouncer.url("pgd_outage"))
+    pooled = consoles(bouncer.url(url))
     for console in (direct, pooled):
         assert_console_ok(console)
 
@@ -263,7 +258,7 @@ def test_the_server_stopped(own_server, make_bouncer, consoles):
     assert_console_unavailable(direct)
     unavailable(pooled.get("/healthz"))  # the rest as for a pooler that cannot reach its server
     assert_cli_unavailable(url)
-    assert_cli_unavailable(bouncer.url("pgd_outage"))
+    assert_cli_unavailable(bouncer.url(url))
     own_server.start()
     assert_console_ok(direct)
 
@@ -291,10 +286,13 @@ def terminated(url):
         return raised(lambda: victim.execute("SELECT pg_sleep(5)"))
 
 
-def cancelled(url):
-    with db.connect(url) as conn:
-        conn.execute("SET statement_timeout = '50ms'")
-        return raised(lambda: conn.execute("SELECT pg_sleep(1)"))
+def set_up_then(setup: str, statement: str):
+    """Provoke an error: on one connection, ``setup``, then ``statement``, which fails."""
+    def provoke(url):
+        with db.connect(url) as conn:
+            conn.execute(setup)
+            return raised(lambda: conn.execute(statement))
+    return provoke
 
 
 def idle_in_transaction(url):
@@ -311,20 +309,15 @@ def unknown_statement(url):
         return raised(lambda: conn.execute("EXECUTE pgd_never_prepared"))
 
 
-def doubled_statement(url):
-    with db.connect(url) as conn:
-        conn.execute("PREPARE pgd_twice AS SELECT 1")
-        return raised(lambda: conn.execute("PREPARE pgd_twice AS SELECT 1"))
-
-
-def read_only(url):
-    with db.connect(url) as conn:
-        conn.execute("SET default_transaction_read_only = on")  # as a standby answers
-        return raised(lambda: conn.execute("CREATE TABLE pgd_never (x int)"))
-
-
-SERVER_ERRORS = {"57P01": terminated, "57014": cancelled, "25P03": idle_in_transaction,
-                 "26000": unknown_statement, "42P05": doubled_statement, "25006": read_only}
+SERVER_ERRORS = {
+    "57P01": terminated,
+    "57014": set_up_then("SET statement_timeout = '50ms'", "SELECT pg_sleep(1)"),
+    "25P03": idle_in_transaction,
+    "26000": unknown_statement,
+    "42P05": set_up_then("PREPARE pgd_twice AS SELECT 1", "PREPARE pgd_twice AS SELECT 1"),
+    # as a standby answers
+    "25006": set_up_then("SET default_transaction_read_only = on", "CREATE TABLE pgd_never (x int)"),
+}
 
 
 @pytest.mark.parametrize("state", SERVER_ERRORS)
@@ -358,7 +351,7 @@ def test_prepared_statements_mixed_up_by_a_pooler_are_unavailable(db_url, world,
     scheduler retries on a fresh connection and the console answers with a 503."""
     world.setup()
     bouncer = make_bouncer(default_pool_size=1)
-    url = bouncer.url(dbname(db_url))
+    url = bouncer.url(db_url)
     met, conns = [], []
     try:
         for _ in range(2):

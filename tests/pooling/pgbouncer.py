@@ -3,7 +3,8 @@
 
 ``PgBouncer(server_url, pool_size=N)`` routes every database name (``*``) to the server in
 transaction pooling with N server connections per database and user; ``session_alias``
-adds a database entry of the same database in session pooling.
+adds a database entry of the same database in session pooling. tests/outages/conftest.py
+makes misbehaving ones (other settings, a route to nowhere, PAUSE, SIGKILL).
 """
 
 from __future__ import annotations
@@ -39,27 +40,48 @@ def _free_port() -> int:
 
 
 class PgBouncer:
-    """One PgBouncer process routing every database name (``*``) to the test server.
+    """One PgBouncer process routing every database name (``*``) to one server, in
+    transaction pooling, with its admin console open to the server's user (``admin``).
 
     Args:
-        server_url: the test server's maintenance URL.
+        server_url: the URL of the server to route to (its host, port, user, password).
         pool_size: ``default_pool_size``, server connections per database and user.
+        nowhere: route to a loopback port where nothing listens instead (the server's user
+            still logs in, and PgBouncer runs as for that server).
+        connect_timeout: seconds, added to every URL ``url`` gives, when set.
+        settings: more [pgbouncer] lines, or other values for the defaults below (seconds
+            for the timeouts), e.g. ``query_wait_timeout=1``, ``max_client_conn=2``.
     """
 
-    def __init__(self, server_url: str, *, pool_size: int):
+    def __init__(self, server_url: str, *, pool_size: int, nowhere: bool = False,
+                 connect_timeout: float | None = None, **settings: object):
         assert os.path.exists(PGBOUNCER), \
             "pgbouncer is needed: apt-get install pgbouncer (.ci/run does)"
         server = psycopg.conninfo.conninfo_to_dict(server_url)
         host = server.get("host") or "127.0.0.1"
         self.user = server.get("user") or "postgres"
-        self.route = f"host={host} port={server.get('port') or 5432} user={self.user}"
-        if server.get("password"):
-            self.route += f" password={server['password']}"
-        self.pool_size = pool_size
+        if nowhere:
+            self.route = f"host=127.0.0.1 port={_free_port()} user={self.user}"
+        else:
+            self.route = f"host={host} port={server.get('port') or 5432} user={self.user}"
+            if server.get("password"):
+                self.route += f" password={server['password']}"
         self.aliases: dict[str, str] = {}
         # not under pytest's tmp_path: its parent is root's alone, and PgBouncer runs as another user
         self.folder = Path(tempfile.mkdtemp(prefix="pgd-test-pgbouncer-"))
         self.port = _free_port()
+        self._base = f"postgresql://{self.user}@127.0.0.1:{self.port}/postgres"
+        if connect_timeout is not None:
+            self._base += f"?connect_timeout={connect_timeout:g}"
+        # max_client_conn: four schedulers' pools (slots + 4 each), their listeners, a web
+        # app's pool and the test's own connections, with room to spare
+        self.settings = {
+            "listen_addr": "127.0.0.1", "listen_port": self.port, "unix_socket_dir": "",
+            "auth_type": "trust", "auth_file": self.folder / "users.txt",
+            "admin_users": self.user, "pool_mode": "transaction",
+            "default_pool_size": pool_size, "max_client_conn": 400,
+            "logfile": self.folder / "pgbouncer.log", "pidfile": self.folder / "pgbouncer.pid",
+            **settings}
         self.ini = self.folder / "pgbouncer.ini"
         self._write_config()
         (self.folder / "users.txt").write_text(f'"{self.user}" ""\n')
@@ -86,30 +108,18 @@ class PgBouncer:
                 time.sleep(0.05)
 
     def _write_config(self) -> None:
-        # max_client_conn: four schedulers' pools (slots + 4 each), their listeners, a web
-        # app's pool and the test's own connections, with room to spare
         aliases = "".join(f"{alias} = {self.route} dbname={dbname} pool_mode=session\n"
                           for alias, dbname in self.aliases.items())
-        self.ini.write_text(f"""[databases]
-{aliases}* = {self.route}
+        self.ini.write_text(f"[databases]\n{aliases}* = {self.route}\n\n[pgbouncer]\n"
+                            + "".join(f"{k} = {v}\n" for k, v in self.settings.items()))
 
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {self.port}
-unix_socket_dir =
-auth_type = trust
-auth_file = {self.folder / 'users.txt'}
-pool_mode = transaction
-default_pool_size = {self.pool_size}
-max_client_conn = 400
-logfile = {self.folder / 'pgbouncer.log'}
-pidfile = {self.folder / 'pgbouncer.pid'}
-""")
+    def database_url(self, database: str) -> str:
+        """A URL for the database named ``database`` through this PgBouncer."""
+        return with_database(self._base, database)
 
     def url(self, db_url: str) -> str:
         """``db_url``'s database through this PgBouncer, in transaction pooling."""
-        return with_database(f"postgresql://{self.user}@127.0.0.1:{self.port}/postgres",
-                             psycopg.conninfo.conninfo_to_dict(db_url)["dbname"])
+        return self.database_url(psycopg.conninfo.conninfo_to_dict(db_url)["dbname"])
 
     def session_alias(self, db_url: str) -> str:
         """A URL through this PgBouncer to ``db_url``'s database by a database entry of its
@@ -117,7 +127,7 @@ pidfile = {self.folder / 'pgbouncer.pid'}
         SIGHUP)."""
         dbname = psycopg.conninfo.conninfo_to_dict(db_url)["dbname"]
         alias = f"{dbname}_session"
-        url = with_database(f"postgresql://{self.user}@127.0.0.1:{self.port}/postgres", alias)
+        url = self.database_url(alias)
         self.aliases[alias] = dbname
         self._write_config()
         self.proc.send_signal(signal.SIGHUP)
@@ -133,13 +143,28 @@ pidfile = {self.folder / 'pgbouncer.pid'}
                 assert time.monotonic() < deadline, f"pgbouncer did not reload: {self.log()}"
                 time.sleep(0.05)
 
-    def log(self) -> str:
+    def admin(self, command: str) -> None:
+        """Run ``command`` (PAUSE, RESUME...) on the admin console (simple query protocol)."""
+        with psycopg.connect(self.database_url("pgbouncer"), autocommit=True) as conn:
+            result = conn.pgconn.exec_(command.encode())
+            assert result.status == psycopg.pq.ExecStatus.COMMAND_OK, result.error_message
+
+    def kill(self) -> None:
+        """SIGKILL: every client connection is reset, and the port stops listening."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def log(self, chars: int = 3000) -> str:
         """The tail of PgBouncer's log and stderr."""
-        return "\n".join(p.read_text(errors="replace")[-3000:]
+        return "\n".join(p.read_text(errors="replace")[-chars:]
                          for p in (self.folder / "stderr.log", self.folder / "pgbouncer.log")
                          if p.exists())
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
         shutil.rmtree(self.folder, ignore_errors=True)

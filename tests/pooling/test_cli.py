@@ -9,48 +9,8 @@ command already fails; a bad value of it, and a bad ``--listen-url``, are refuse
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-
-ROOT = Path(__file__).resolve().parents[2]
-
-CONFIG = """
-[[organizations]]
-name = "acme"
-max_running = 5
-
-[[pools]]
-name = "linux"
-slots = 8
-
-[[pools]]
-name = "deploy"
-slots = 2
-
-[[projects]]
-name = "web"
-organization = "acme"
-pools = ["linux", "deploy"]
-
-[[targets]]
-name = "production"
-
-[[users]]
-username = "alice"
-role = "operator"
-password_env = "ALICE_PASSWORD"
-"""
-
-
-def pgdispatch(url: str, tmp_path: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
-    env.update(DATABASE_URL=url, ALICE_PASSWORD="correct horse battery", PGDISPATCH_ACTOR="pooled",
-               **env_extra)
-    return subprocess.run([sys.executable, "-m", "pgdispatch", *args], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+from ..cli.support import CONFIG, run_pgdispatch
 
 
 def test_every_database_command_works_through_the_pooler(world, db_url, pgbouncer_url, tmp_path):
@@ -58,7 +18,7 @@ def test_every_database_command_works_through_the_pooler(world, db_url, pgbounce
     (tmp_path / "config.toml").write_text(CONFIG)
 
     def ok(*args: str) -> str:
-        proc = pgdispatch(pooled, tmp_path, *args)
+        proc = run_pgdispatch(pooled, tmp_path, *args, actor="pooled")
         assert (proc.returncode, proc.stderr) == (0, ""), (args, proc.stderr)
         return proc.stdout
 
@@ -96,7 +56,7 @@ def test_the_cli_check_fails_with_server_side_prepared_statements(db_url, pgboun
     server connection it shares with the command before it."""
     pooled = pgbouncer_url(db_url)
     (tmp_path / "config.toml").write_text(CONFIG)
-    procs = [pgdispatch(pooled, tmp_path, *args, PGDISPATCH_PREPARE_THRESHOLD="0")
+    procs = [run_pgdispatch(pooled, tmp_path, *args, PGDISPATCH_PREPARE_THRESHOLD="0")
              for args in (("apply", "config.toml"), ("jobs", "list"))]
     assert procs[-1].returncode != 0 and "prepared statement" in procs[-1].stderr, procs
 
@@ -109,5 +69,5 @@ def test_bad_pooling_settings_are_refused_in_one_line(db_url, tmp_path):
             (("scheduler", "--pool", "linux", "--slots", "1", "--listen-url", "nonsense"), {},
              "error: --listen-url (PGDISPATCH_LISTEN_URL) is not a valid database URL: missing "
              "\"=\" after \"nonsense\" in connection info string\n")):
-        proc = pgdispatch(db_url, tmp_path, *args, **env)
+        proc = run_pgdispatch(db_url, tmp_path, *args, **env)
         assert (proc.returncode, proc.stderr) == (2, message)

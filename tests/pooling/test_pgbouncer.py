@@ -10,13 +10,10 @@ from pgdispatch.sql import db, transitions
 CLIENTS, ROUNDS = 3, 8
 
 
-def run_through_the_pooler(world, url: str, **connect_kwargs) -> tuple[list[str], int]:
-    """CLIENTS connections through the pooler take turns, ROUNDS times each: submit a job,
-    claim it, complete it as succeeded; then one lease lapses and an expiry pass ends it.
-    Returns (errors, jobs that ended succeeded)."""
-    world.setup()
-    runner = world.runner(slots=CLIENTS)
-    pools = world.pool_ids(("linux",))
+def take_turns(url: str, one_turn, *, then=None, **connect_kwargs) -> list[str]:
+    """CLIENTS connections through the pooler take turns, ROUNDS times each, at
+    ``one_turn(conn, errors)``; then, if every turn went well, ``then(conns, errors)``.
+    Returns the errors: what a turn appended, and the first line of whatever was raised."""
     errors: list[str] = []
     conns = []
     try:
@@ -28,28 +25,46 @@ def run_through_the_pooler(world, url: str, **connect_kwargs) -> tuple[list[str]
         for _ in range(ROUNDS):
             for conn in conns:
                 try:
-                    # the audited submit, the claim, the completion: every step through the pooler
-                    transitions.submit(conn, project="web", pool="linux", command=["true"],
-                                       submitted_by="pooled")
-                    c = transitions.claim(conn, runner_id=runner, pools=pools,
-                                          claim_token=transitions.new_claim_token(), lease_seconds=60)
-                    transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
-                                         outcome="succeeded", receipt_key=c.receipt_key)
+                    one_turn(conn, errors)
                 except Exception as exc:  # noqa: BLE001 - what the pooler does to us, asserted
                     errors.append(str(exc).splitlines()[0])
-        # and the expiry pass: a lease that lapsed is ended through the pooler too
-        if conns and not errors:
-            transitions.submit(conns[0], project="web", pool="linux", command=["sleep", "60"])
-            lost = transitions.claim(conns[1 % len(conns)], runner_id=runner, pools=pools,
-                                     claim_token=transitions.new_claim_token(), lease_seconds=0.01)
-            world.conn.execute("SELECT pg_sleep(0.05)")
-            expired = transitions.expire_leases(conns[-1], backoff_base_seconds=0.01,
-                                                backoff_cap_seconds=0.01)
-            if [e["attempt_id"] for e in expired] != [lost.attempt_id]:
-                errors.append(f"expiry through the pooler ended {expired}")
+        if then is not None and conns and not errors:
+            then(conns, errors)
     finally:
         for conn in conns:
             conn.close()
+    return errors
+
+
+def run_through_the_pooler(world, url: str, **connect_kwargs) -> tuple[list[str], int]:
+    """CLIENTS connections through the pooler take turns, ROUNDS times each: submit a job,
+    claim it, complete it as succeeded; then one lease lapses and an expiry pass ends it.
+    Returns (errors, jobs that ended succeeded)."""
+    world.setup()
+    runner = world.runner(slots=CLIENTS)
+    pools = world.pool_ids(("linux",))
+
+    def one_turn(conn, errors: list[str]) -> None:
+        # the audited submit, the claim, the completion: every step through the pooler
+        transitions.submit(conn, project="web", pool="linux", command=["true"],
+                           submitted_by="pooled")
+        c = transitions.claim(conn, runner_id=runner, pools=pools,
+                              claim_token=transitions.new_claim_token(), lease_seconds=60)
+        transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
+                             outcome="succeeded", receipt_key=c.receipt_key)
+
+    def expiry(conns, errors: list[str]) -> None:
+        # a lease that lapsed is ended through the pooler too
+        transitions.submit(conns[0], project="web", pool="linux", command=["sleep", "60"])
+        lost = transitions.claim(conns[1 % len(conns)], runner_id=runner, pools=pools,
+                                 claim_token=transitions.new_claim_token(), lease_seconds=0.01)
+        world.conn.execute("SELECT pg_sleep(0.05)")
+        expired = transitions.expire_leases(conns[-1], backoff_base_seconds=0.01,
+                                            backoff_cap_seconds=0.01)
+        if [e["attempt_id"] for e in expired] != [lost.attempt_id]:
+            errors.append(f"expiry through the pooler ended {expired}")
+
+    errors = take_turns(url, one_turn, then=expiry, **connect_kwargs)
     succeeded = world.conn.execute("SELECT count(*) AS n FROM jobs WHERE state = 'succeeded'"
                                    ).fetchone()["n"]
     return errors, succeeded
@@ -80,42 +95,30 @@ def run_batches_through_the_pooler(world, url: str, **connect_kwargs) -> tuple[l
     world.setup()
     runner = world.runner(slots=3 * CLIENTS)
     pools = world.pool_ids(("linux",))
-    errors: list[str] = []
-    conns = []
-    try:
-        for i in range(CLIENTS):
-            try:
-                conns.append(db.connect(url, application_name=f"pooled-{i}", **connect_kwargs))
-            except Exception as exc:  # noqa: BLE001 - the connection's own set-up statement
-                errors.append(str(exc).splitlines()[0])
-        for _ in range(ROUNDS):
-            for conn in conns:
-                try:
-                    for _ in range(3):
-                        transitions.submit(conn, project="web", pool="linux", command=["true"])
-                    claims = transitions.claim_batch(
-                        conn, runner_id=runner, pools=pools, lease_seconds=60,
-                        claim_tokens=[transitions.new_claim_token() for _ in range(3)])
-                    if len(claims) != 3:
-                        errors.append(f"claim_batch took {len(claims)} of 3")
-                    for c in claims:
-                        lease = transitions.heartbeat(conn, attempt_id=c.attempt_id,
-                                                      generation=c.generation, lease_seconds=120,
-                                                      output_tail="still going")
-                        if lease.is_cancel_requested:
-                            errors.append(f"attempt {c.attempt_id}: a cancel no one asked for")
-                    answers = transitions.complete_batch(conn, items=[
-                        {"attempt_id": c.attempt_id, "generation": c.generation,
-                         "outcome": "failed" if i == 2 else "succeeded",
-                         "exit_code": 1 if i == 2 else 0, "receipt_key": c.receipt_key}
-                        for i, c in enumerate(claims)])
-                    if len(answers) != len(claims):
-                        errors.append(f"complete_batch answered {len(answers)} of {len(claims)}")
-                except Exception as exc:  # noqa: BLE001 - what the pooler does to us, asserted
-                    errors.append(str(exc).splitlines()[0])
-    finally:
-        for conn in conns:
-            conn.close()
+
+    def one_turn(conn, errors: list[str]) -> None:
+        for _ in range(3):
+            transitions.submit(conn, project="web", pool="linux", command=["true"])
+        claims = transitions.claim_batch(
+            conn, runner_id=runner, pools=pools, lease_seconds=60,
+            claim_tokens=[transitions.new_claim_token() for _ in range(3)])
+        if len(claims) != 3:
+            errors.append(f"claim_batch took {len(claims)} of 3")
+        for c in claims:
+            lease = transitions.heartbeat(conn, attempt_id=c.attempt_id,
+                                          generation=c.generation, lease_seconds=120,
+                                          output_tail="still going")
+            if lease.is_cancel_requested:
+                errors.append(f"attempt {c.attempt_id}: a cancel no one asked for")
+        answers = transitions.complete_batch(conn, items=[
+            {"attempt_id": c.attempt_id, "generation": c.generation,
+             "outcome": "failed" if i == 2 else "succeeded",
+             "exit_code": 1 if i == 2 else 0, "receipt_key": c.receipt_key}
+            for i, c in enumerate(claims)])
+        if len(answers) != len(claims):
+            errors.append(f"complete_batch answered {len(answers)} of {len(claims)}")
+
+    errors = take_turns(url, one_turn, **connect_kwargs)
     true_outcomes = world.conn.execute("""
         SELECT count(*) AS n FROM jobs j JOIN attempts a ON a.job_id = j.id
          WHERE a.state = j.state AND a.last_heartbeat_at IS NOT NULL

@@ -24,18 +24,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from pgdispatch.sql import transitions
 
+from ..concurrency import processes
 from ..concurrency.harness import Watcher, limits, max_overlaps
 from ..faults import consistency
 from ..faults.invariants import check_invariants
 
-ROOT = Path(__file__).resolve().parents[2]
 SCHEDULERS = 4
 SLOTS = 4
 BUILDS = 240
@@ -96,15 +94,9 @@ def run_schedulers(world, db_url: str, pooled_url: str, tmp_path: Path, *,
                PGDISPATCH_HEARTBEAT_SECONDS="0.4", PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2",
                PGDISPATCH_EXPIRE_INTERVAL_SECONDS="0.5", PGDISPATCH_SUMMARY_INTERVAL_SECONDS="2",
                PGDISPATCH_DATA_DIR=str(tmp_path / "data"), **(env_extra or {}))
-    procs = []
-    for i in range(SCHEDULERS):
-        log_path = tmp_path / f"scheduler-{i}.log"
-        with open(log_path, "wb") as log:
-            procs.append((subprocess.Popen(
-                [sys.executable, "-m", "pgdispatch", "scheduler", "--pool", "linux", "--pool",
-                 "deploy", "--slots", str(SLOTS), "--no-listen", "--name", f"pooled-{i}"],
-                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL), log_path))
+    procs = processes.start_schedulers(env, tmp_path, SCHEDULERS, lambda i: [
+        "--pool", "linux", "--pool", "deploy", "--slots", str(SLOTS), "--no-listen",
+        "--name", f"pooled-{i}"])
     finished = False
     try:
         with Watcher(db_url, interval_s=0.05) as watcher:
@@ -118,18 +110,8 @@ def run_schedulers(world, db_url: str, pooled_url: str, tmp_path: Path, *,
                     break
                 time.sleep(0.2)
     finally:
-        for p, _ in procs:
-            p.terminate()
-        for p, _ in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-    logs = "\n".join(f"--- {path.name} (exit {p.returncode}) ---\n"
-                     f"{path.read_text(errors='replace')[-3000:]}" for p, path in procs)
-    return Run(logs, [p.returncode for p, _ in procs], finished, watcher.samples,
-               watcher.violations)
+        exit_codes = processes.stop(procs)
+    return Run(processes.logs(procs), exit_codes, finished, watcher.samples, watcher.violations)
 
 
 def untrue_outcomes(conn) -> list[str]:

@@ -43,15 +43,18 @@ class Signals:
 @pytest.fixture
 def start_scheduler(db_url):
     """Start a Scheduler: ``start_scheduler(pools=..., slots=..., settings=...)`` returns
-    (scheduler, signals). Every one is stopped at teardown (grace 0)."""
+    (scheduler, signals); ``database_url`` (default: the test's database) and ``listen``
+    are the Scheduler's own. Every one is stopped at teardown (grace 0)."""
     started: list[Scheduler] = []
 
     def start(*, pools=("linux",), slots: int = 2, settings: Settings = FAST,
               kill_grace_seconds: float = 1.0,
-              name: str | None = None) -> tuple[Scheduler, Signals]:
+              name: str | None = None, database_url: str | None = None,
+              listen: bool = True) -> tuple[Scheduler, Signals]:
         signals = Signals()
-        s = Scheduler(settings, database_url=db_url, pools=list(pools), slots=slots, name=name,
-                      kill_grace_seconds=kill_grace_seconds, on_claimed=signals.claimed.put,
+        s = Scheduler(settings, database_url=database_url or db_url, pools=list(pools),
+                      slots=slots, name=name, kill_grace_seconds=kill_grace_seconds,
+                      listen=listen, on_claimed=signals.claimed.put,
                       on_started=lambda c, pid: signals.started.put((c, pid)),
                       on_completed=signals.completed.put)
         assert s.start()

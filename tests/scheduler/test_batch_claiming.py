@@ -11,11 +11,8 @@ from __future__ import annotations
 
 import collections
 import os
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -26,13 +23,12 @@ from pgdispatch.scheduler.reporting import CompletionReporter
 from pgdispatch.sql import DatabaseUnavailable, FencedOut, InvalidInput, db, transitions
 from pgdispatch.sql.scheduling import make_scheduler_pool
 
+from ..concurrency import processes
 from ..concurrency.harness import Watcher, attempt_shapes, limits, max_overlaps
 from ..faults import consistency
 from ..faults.conftest import upstream_of
 from ..faults.proxy import CommitDroppingProxy
 from .conftest import FAST, Signals, wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def claim_groups(conn) -> list[list[int]]:
@@ -459,19 +455,11 @@ def test_scheduler_processes_batching_never_exceed_a_limit(world, db_url, tmp_pa
                PGDISPATCH_EXPIRE_INTERVAL_SECONDS="0.5", PGDISPATCH_SUMMARY_INTERVAL_SECONDS="2",
                PGDISPATCH_BACKOFF_BASE_SECONDS="0.1", PGDISPATCH_BACKOFF_CAP_SECONDS="0.2",
                PGDISPATCH_DATA_DIR=str(tmp_path / "data"), PGDISPATCH_MAX_BATCH="10")
-    procs = []
-    for i in range(PROCESSES):
-        log_path = tmp_path / f"scheduler-{i}.log"
-        with open(log_path, "wb") as log:
-            procs.append((subprocess.Popen(
-                [sys.executable, "-m", "pgdispatch", "scheduler", "--pool", "linux",
-                 "--slots", str(PROCESS_SLOTS), "--name", f"b{i}"],
-                env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL), log_path))
+    procs = processes.start_schedulers(env, tmp_path, PROCESSES, lambda i: [
+        "--pool", "linux", "--slots", str(PROCESS_SLOTS), "--name", f"b{i}"])
 
     def logs() -> str:
-        return "\n".join(f"--- {path.name} (exit {p.poll()}) ---\n"
-                         f"{path.read_text(errors='replace')[-3000:]}" for p, path in procs)
+        return processes.logs(procs)
 
     c = world.conn
     try:
@@ -484,15 +472,8 @@ def test_scheduler_processes_batching_never_exceed_a_limit(world, db_url, tmp_pa
                 assert time.monotonic() < deadline, f"jobs left after 180 s\n{logs()}"
                 time.sleep(0.2)
     finally:
-        for p, _ in procs:
-            p.terminate()
-        for p, _ in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-    assert [p.returncode for p, _ in procs] == [0] * PROCESSES, logs()
+        exit_codes = processes.stop(procs)
+    assert exit_codes == [0] * PROCESSES, logs()
     assert "in a batch of" in "".join(path.read_text(errors="replace") for _, path in procs)
 
     assert c.execute("SELECT state, count(*) AS n FROM jobs GROUP BY 1").fetchall() == [

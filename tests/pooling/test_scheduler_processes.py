@@ -16,8 +16,13 @@ the database alone, with the checkers tests/concurrency uses over the whole hist
   pool and target at once (tests/concurrency/harness.max_overlaps) reach no more than its
   limit, and a watcher sampling while they ran saw none over it.
 
-The same run with ``PGDISPATCH_PREPARE_THRESHOLD=0`` (psycopg preparing every statement on
-the server, as its default does after five runs) is shown failing.
+That the checkers can fail is shown where they live (tests/faults/test_invariants.py,
+tests/concurrency). The same run with ``PGDISPATCH_PREPARE_THRESHOLD=0`` used to fail here
+(commands that exited 0 recorded failed, deployments left uncertain); since a report is sent
+again after any error that is not the database's answer (scheduler/reporting.py), the
+schedulers mostly recover from the statements the pooler mixes up, so that run no longer
+fails reliably: the mix-ups themselves are shown deterministically in test_pgbouncer.py,
+test_console.py and test_cli.py.
 """
 
 from __future__ import annotations
@@ -160,17 +165,3 @@ def test_four_scheduler_processes_behind_the_pooler_record_every_true_outcome(
     assert overlaps[("project", "web")] == 3, overlaps
     assert span["runners"] == SCHEDULERS
     assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
-
-
-def test_the_process_check_fails_with_server_side_prepared_statements(world, db_url, pooler,
-                                                                       tmp_path):
-    """Broken variant: PGDISPATCH_PREPARE_THRESHOLD=0 lets psycopg prepare every statement on
-    the server; behind the pooler the schedulers trip over each other's statements, and jobs
-    end with outcomes they did not have (or have not ended 10 s later, twice the lease)."""
-    build_world(world)
-    submit_jobs(world.conn, builds=60, deployments=8, sleepers=0)
-    run = run_schedulers(world, db_url, pooler.url(db_url), tmp_path,
-                         env_extra={"PGDISPATCH_PREPARE_THRESHOLD": "0"}, deadline_s=10)
-    assert "prepared statement" in run.logs, run.logs
-    # seen: commands that exited 0 recorded failed, deployments left uncertain, jobs stuck
-    assert untrue_outcomes(world.conn) != []

@@ -131,6 +131,7 @@ class Claimer:
             DatabaseUnavailable: no answer came; every token stays pending for recovery.
         """
         answered, claims = False, []
+        sent = time.monotonic()
         try:
             with checkout(self.pool) as conn:
                 sent = time.monotonic()
@@ -152,14 +153,47 @@ class Claimer:
             if not answered:
                 raise  # the tokens stay pending: the next run asks whether they committed
             # answered, then the connection failed on its way back to the pool: still ours
-        for claim in claims:
+        # The lease runs, for the self-fencing clock, from when the claim was sent. A claim
+        # that waited long for its answer (a lock, a pooler's queue) would start a command the
+        # scheduler must kill moments later — a deployment then left uncertain for nothing:
+        # renew its lease first, and run only what the database renewed.
+        runs = [(claim, sent) for claim in claims]
+        if claims and time.monotonic() - sent > self.settings.lease_seconds / 4:
+            runs = self._renew_late(claims, sent)
+        for claim, renewed_at in runs:
             log.info("claimed job %d attempt %d (generation %d)%s%s: %s", claim.job_id,
                      claim.attempt_no, claim.generation,
                      f" for target {claim.target_id}" if claim.is_deployment else "",
                      f" in a batch of {len(claims)}" if len(tokens) > 1 else "",
                      " ".join(claim.command)[:200])
-            self.launch(claim, sent)
-        return claims
+            self.launch(claim, renewed_at)
+        return [claim for claim, _ in runs]
+
+    def _renew_late(self, claims: list[Claim], sent: float) -> list[tuple[Claim, float]]:
+        """Heartbeat each claim whose answer came late, before it runs; (claim, the time the
+        lease now runs from) for those renewed. One the database no longer lets us renew
+        (fenced) is dropped; one it could not be asked about is not run either (its command
+        has not started: the lease expiry decides, as for any runner that went quiet)."""
+        log.warning("claim answered %.1f s after it was sent; renewing the lease of %d job(s) "
+                    "before running them", time.monotonic() - sent, len(claims))
+        renewed: list[tuple[Claim, float]] = []
+        for claim in claims:
+            at = time.monotonic()
+            try:
+                with checkout(self.pool) as conn:
+                    transitions.heartbeat(conn, attempt_id=claim.attempt_id,
+                                          generation=claim.generation,
+                                          lease_seconds=self.settings.lease_seconds)
+            except FencedOut:
+                log.info("job %d attempt %d was fenced out before it ran", claim.job_id,
+                         claim.attempt_no)
+                continue
+            except DatabaseUnavailable as exc:
+                log.error("job %d attempt %d: could not renew a late claim (%s); not running "
+                          "it, the lease expiry will decide", claim.job_id, claim.attempt_no, exc)
+                continue
+            renewed.append((claim, at))
+        return renewed
 
     def _recover_pending(self) -> int:
         """Settle the claims whose answer was lost, one call per claim; run what committed

@@ -95,3 +95,29 @@ def test_a_draining_scheduler_claims_nothing(world, start_scheduler):
     runner = world.conn.execute("SELECT draining FROM runners WHERE id = %s",
                                 (s.runner_id,)).fetchone()
     assert runner["draining"] is True
+
+
+def test_a_claim_answered_late_is_renewed_before_it_runs(world, start_scheduler, db_url):
+    """A claim that waited most of a lease for its answer (here: behind another session
+    holding its project's claim lock) is renewed before its command starts; run from the
+    claim's send time it would be self-fenced moments after starting — a deployment then
+    left uncertain although nothing failed (found by an adversarial run)."""
+    world.setup(pools=("linux", "deploy"), targets=("production",))
+    project = world.conn.execute("SELECT id FROM projects WHERE name = 'web'").fetchone()["id"]
+    holder = db.connect(db_url, application_name="pgd-test-holder")
+    try:
+        holder.execute("BEGIN")
+        holder.execute("SELECT pg_advisory_xact_lock(pgd_claim_lock_class(), pgd_claim_lock_key(%s))",
+                       (project,))
+        job = world.job(pool="deploy", target="production", command=["sleep", "1.5"],
+                        max_attempts=1)
+        _, signals = start_scheduler(pools=("deploy",), slots=1)
+        time.sleep(0.85 * FAST.lease_seconds)  # the claim waits on the lock meanwhile
+        holder.execute("ROLLBACK")
+    finally:
+        holder.close()
+    result = signals.next_completed(timeout=15)
+    assert result.claim.job_id == job["id"]
+    assert (result.stop_reason, result.outcome, result.is_reported) == (None, "succeeded", True)
+    assert world.conn.execute("SELECT state FROM targets WHERE name = 'production'"
+                              ).fetchone()["state"] == "free"

@@ -61,6 +61,8 @@ STATEMENT_DEADLINE_SECONDS = 30.0
 # After the deadline, how long the cancel request (sent on its own connection) has to take
 # effect before the connection is closed anyway (seconds; at most a quarter of the deadline).
 CANCEL_GRACE_SECONDS = 2.0
+# The least the pool's check on checkout, and /healthz's ping, wait for their answer (seconds).
+CHECK_DEADLINE_SECONDS = 5.0
 _WAIT_INTERVAL = 0.1  # how often psycopg's wait loop looks up from the socket (its default)
 
 
@@ -202,17 +204,26 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pg
     """A connection pool whose connections are checked on checkout, so that after a
     database restart a broken connection is replaced instead of handed out. Every answer a
     connection waits for, the check's included, is bounded by ``statement_deadline_seconds``
-    (``Connection``). ``prepare_threshold``: psycopg's (None: never prepare on the server;
-    Settings)."""
+    (``Connection``); the check's by the checkout timeout too (at least
+    CHECK_DEADLINE_SECONDS). ``prepare_threshold``: psycopg's (None: never prepare on the
+    server; Settings)."""
 
     def configure(conn: Connection) -> None:
         conn.statement_deadline_seconds = statement_deadline_seconds
         bound_idle_transactions(conn)
 
+    # The check on checkout is an empty query: a healthy server answers it at once, so it
+    # waits no longer than the checkout itself may (at least CHECK_DEADLINE_SECONDS); a
+    # stalled pooler then costs a checkout seconds, not a whole statement deadline.
+    check_within = max(timeout_seconds, CHECK_DEADLINE_SECONDS)
+
+    def check(conn: Connection) -> None:
+        with statement_deadline(conn, check_within):
+            ConnectionPool.check_connection(conn)
+
     return ConnectionPool(
         url, min_size=min_size, max_size=max_size, name=name, open=True,
-        connection_class=Connection, timeout=timeout_seconds,
-        check=ConnectionPool.check_connection,
+        connection_class=Connection, timeout=timeout_seconds, check=check,
         kwargs=dict(autocommit=True, row_factory=dict_row, application_name=name,
                     prepare_threshold=prepare_threshold, **tcp_liveness(url)),
         configure=configure, reconnect_timeout=300)
@@ -385,9 +396,12 @@ def transition(name: str, *, one_statement: bool = False
 
 @transition("ping_database")
 def ping_database(conn: psycopg.Connection) -> bool:
-    """True when the server answers a trivial query (the console's /healthz).
+    """True when the server answers a trivial query within CHECK_DEADLINE_SECONDS (the
+    console's /healthz: a load balancer's probe must get its answer in seconds).
 
     Raises:
-        DatabaseUnavailable: the connection is broken or the server went away.
+        DatabaseUnavailable: the connection is broken, the server went away, or no answer
+            came in time.
     """
-    return Q.ping_database(conn) == 1
+    with statement_deadline(conn, CHECK_DEADLINE_SECONDS):
+        return Q.ping_database(conn) == 1

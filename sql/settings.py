@@ -16,15 +16,19 @@ from .errors import InvalidInput
 # cap once overflowed the interval and stopped every expiry pass at that row).
 MAX_LEASE_SECONDS = 86400.0
 MAX_INTERVAL_SECONDS = 3600.0
+MIN_STATEMENT_DEADLINE_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 2592000.0  # 30 days, pgd_backoff_seconds' own clamp too
 MAX_PREPARE_THRESHOLD = 1_000_000
 
 
-def _float(env: dict[str, str], name: str, default: float, *, maximum: float) -> float:
-    """``env[name]`` as seconds in (0, maximum], or ``default`` when unset or empty.
+def _float(env: dict[str, str], name: str, default: float, *, maximum: float,
+           minimum: float = 0.0) -> float:
+    """``env[name]`` as seconds in (0, maximum] and at least ``minimum``, or ``default``
+    when unset or empty.
 
     Raises:
-        InvalidInput: not a number, not above 0, or above ``maximum`` (one line, naming it).
+        InvalidInput: not a number, not above 0, below ``minimum`` or above ``maximum`` (one
+            line, naming it).
     """
     raw = env.get(name)
     if raw is None or raw == "":
@@ -33,8 +37,9 @@ def _float(env: dict[str, str], name: str, default: float, *, maximum: float) ->
         value = float(raw)
     except ValueError:
         raise InvalidInput(f"{name} must be a number of seconds, got {raw!r}") from None
-    if not 0 < value <= maximum:  # NaN fails both comparisons
-        raise InvalidInput(f"{name} must be more than 0 and at most {maximum:g} seconds, "
+    if not (0 < value <= maximum and value >= minimum):  # NaN fails every comparison
+        lowest = f"at least {minimum:g}" if minimum > 0 else "more than 0"
+        raise InvalidInput(f"{name} must be {lowest} and at most {maximum:g} seconds, "
                            f"got {raw!r}")
     return value
 
@@ -108,8 +113,9 @@ class Settings:
                 PGDISPATCH_PREPARE_THRESHOLD is neither ``off`` nor a whole number.
         """
         env = dict(os.environ if env is None else env)
-        def seconds(name: str, default: float, maximum: float) -> float:
-            return _float(env, f"PGDISPATCH_{name}_SECONDS", default, maximum=maximum)
+        def seconds(name: str, default: float, maximum: float, minimum: float = 0.0) -> float:
+            return _float(env, f"PGDISPATCH_{name}_SECONDS", default, maximum=maximum,
+                          minimum=minimum)
 
         lease = seconds("LEASE", 30.0, MAX_LEASE_SECONDS)
         values = dict(
@@ -122,7 +128,9 @@ class Settings:
             summary_interval_seconds=seconds("SUMMARY_INTERVAL", 5.0, MAX_INTERVAL_SECONDS),
             backoff_base_seconds=seconds("BACKOFF_BASE", 2.0, MAX_BACKOFF_SECONDS),
             backoff_cap_seconds=seconds("BACKOFF_CAP", 300.0, MAX_BACKOFF_SECONDS),
-            statement_deadline_seconds=seconds("STATEMENT_DEADLINE", 30.0, MAX_INTERVAL_SECONDS),
+            # below a second, healthy statements on a busy server would be cancelled
+            statement_deadline_seconds=seconds("STATEMENT_DEADLINE", 30.0, MAX_INTERVAL_SECONDS,
+                                               minimum=MIN_STATEMENT_DEADLINE_SECONDS),
             secret_key=env.get("PGDISPATCH_SECRET_KEY") or None,
             bind=env.get("PGDISPATCH_BIND") or "127.0.0.1:8000",
             prepare_threshold=_prepare_threshold(env),

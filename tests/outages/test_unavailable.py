@@ -375,3 +375,27 @@ def test_prepared_statements_mixed_up_by_a_pooler_are_unavailable(db_url, world,
     assert all(isinstance(e, DatabaseUnavailable) for e in met), [repr(e) for e in met]
     assert any("prepared statement" in str(e) for e in met), [str(e) for e in met]
     assert all("\n" not in str(e) for e in met)
+
+
+def test_healthz_answers_within_seconds_while_the_pooler_holds_every_query(db_url, make_bouncer,
+                                                                           consoles):
+    """A PAUSEd PgBouncer with its default query_wait_timeout (two minutes) answers nothing:
+    /healthz still answers 503 within seconds (the pool's check and the ping are bounded by
+    sql/db.py's CHECK_DEADLINE_SECONDS), where a load balancer's probe is still waiting
+    (found by an adversarial run: 32 s, one whole statement deadline)."""
+    bouncer = make_bouncer()
+    console = consoles(bouncer.url(db_url))
+    assert_console_ok(console)
+    bouncer.admin("PAUSE")
+    try:
+        began = time.monotonic()
+        health = console.get("/healthz")
+        waited = time.monotonic() - began
+        assert health.status_code == 503, health.get_data(as_text=True)[:300]
+        # not a speed claim: the bound tells "answered" (5 s, and the cancel's grace) from
+        # "waited out the statement deadline" (30 s)
+        assert db.CHECK_DEADLINE_SECONDS < 15 < db.STATEMENT_DEADLINE_SECONDS
+        assert waited < 15, waited
+    finally:
+        bouncer.admin("RESUME")
+    assert_console_ok(console)

@@ -31,6 +31,17 @@ def test_an_out_of_range_setting_is_refused_naming_it(name, value):
         Settings.from_env({name: value})
 
 
+@pytest.mark.parametrize("value", ["1e-9", "0.5"])
+def test_a_statement_deadline_below_a_second_is_refused(value):
+    """Below a second, healthy statements on a busy server would be cancelled and every
+    request would fail as "database unavailable" (found by an adversarial run: 1e-9)."""
+    with pytest.raises(InvalidInput, match="^PGDISPATCH_STATEMENT_DEADLINE_SECONDS must be at "
+                                           "least 1 and at most 3600 seconds"):
+        Settings.from_env({"PGDISPATCH_STATEMENT_DEADLINE_SECONDS": value})
+    assert Settings.from_env({"PGDISPATCH_STATEMENT_DEADLINE_SECONDS": "1"}
+                             ).statement_deadline_seconds == 1
+
+
 def test_a_backoff_base_above_its_cap_is_refused():
     with pytest.raises(InvalidInput, match="BASE_SECONDS .* must not be more than .*CAP_SECONDS"):
         Settings.from_env({"PGDISPATCH_BACKOFF_BASE_SECONDS": "600",

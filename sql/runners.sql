@@ -1,3 +1,8 @@
+-- name: transaction_isolation$
+-- The isolation level this session's transactions run in (default_transaction_isolation of
+-- the server, database or role). Read-only.
+SELECT current_setting('transaction_isolation');
+
 -- name: register_runner$
 -- One row per scheduler process; its pools and slots.
 INSERT INTO runners (name, hostname, pid, pool_ids, slots)

@@ -19,7 +19,7 @@ from typing import Any
 
 from . import metrics
 from .db import transition
-from .errors import FencedOut, InvalidInput
+from .errors import FencedOut, IncompatibleDatabase, InvalidInput
 from .queries import Q
 from .validate import check_command, check_int, check_lease_seconds, check_number, check_text
 
@@ -396,8 +396,17 @@ def register_runner(conn, *, name: str, pools: Sequence[str], slots: int, hostna
                     pid: int | None = None) -> int:
     """Insert this scheduler's runner row; returns its id.
 
-    Raises: NotFound when a pool name is unknown; InvalidInput for bad slots.
+    Raises: NotFound when a pool name is unknown; InvalidInput for bad slots;
+    IncompatibleDatabase when the session's transactions do not run in READ COMMITTED (a
+    default set for the database or role), where claims and their recovery refuse to run
+    (sql/functions/claim.sql): a scheduler would start and never claim.
     """
+    isolation = Q.transaction_isolation(conn)
+    if isolation != "read committed":
+        raise IncompatibleDatabase(
+            f"this session's transactions run in {isolation.upper()}; claims need READ "
+            "COMMITTED: ALTER ROLE <role> SET default_transaction_isolation = 'read committed' "
+            "(or RESET it for the database)")
     check_text("runner name", name, max_len=200)
     slots = check_int("slots", slots, 1, 10000)
     pools = [check_text("pool", p, max_len=63) for p in pools]

@@ -225,3 +225,18 @@ def test_unmigrated_database_says_so(server_url, tmp_path):
     finally:
         with db.connect(server_url) as c:
             c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_a_scheduler_refuses_to_start_where_claims_cannot_run(pgd, conn, db_url):
+    """With REPEATABLE READ as the database's default, claims and their recovery refuse
+    (sql/functions/claim.sql); the scheduler says so in one line and exits 6 instead of
+    running on without claiming anything (found by an adversarial run)."""
+    name = conn.execute("SELECT current_database() AS d").fetchone()["d"]
+    conn.execute(f"ALTER DATABASE {name} SET default_transaction_isolation = 'repeatable read'")
+    proc = pgd("scheduler", "--pool", "linux", "--slots", "1", "--no-listen", check=False)
+    assert proc.returncode == 6, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert "Traceback" not in proc.stderr
+    assert lines[-1].startswith("error: this session's transactions run in REPEATABLE READ; "
+                                "claims need READ COMMITTED"), lines
+    assert count(conn, "runners") == 0

@@ -11,7 +11,6 @@ psycopg themselves.
 from .errors import (AlreadyResolved, Conflict, DatabaseUnavailable, FencedOut,
                      IncompatibleDatabase, InvalidInput, NotFound, PgDispatchError)
 from .settings import Settings
-from . import timestamps  # noqa: F401  (loads every stored time, even one Python cannot hold)
 
 __all__ = ["AlreadyResolved", "Conflict", "DatabaseUnavailable", "FencedOut",
            "IncompatibleDatabase", "InvalidInput", "NotFound", "PgDispatchError", "Settings"]

@@ -17,7 +17,7 @@ from psycopg import errors as pg_errors
 from psycopg.rows import dict_row
 from psycopg_pool import ConnectionPool, PoolClosed, PoolTimeout
 
-from . import metrics
+from . import metrics, timestamps
 from .errors import (Conflict, DatabaseUnavailable, FencedOut, InvalidInput, NotFound,
                      translate)
 from .queries import Q
@@ -144,6 +144,7 @@ def connect(url: str, *, application_name: str = "pgdispatch",
                                   **{"prepare_threshold": PREPARE_THRESHOLD, **tcp_liveness(url),
                                      **kwargs})
         conn.statement_deadline_seconds = statement_deadline_seconds
+        timestamps.register(conn.adapters)
     except psycopg.ProgrammingError as exc:
         # libpq could not parse the URL / conninfo
         raise InvalidInput(f"not a valid database URL: {str(exc).splitlines()[0]}") from None
@@ -210,6 +211,7 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pg
 
     def configure(conn: Connection) -> None:
         conn.statement_deadline_seconds = statement_deadline_seconds
+        timestamps.register(conn.adapters)
         bound_idle_transactions(conn)
 
     # The check on checkout is an empty query: a healthy server answers it at once, so it

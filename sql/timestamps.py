@@ -10,13 +10,15 @@ value can still be stored by hand or by a release before those bounds. It is loa
 nearer of EARLIEST and LATEST instead: a job ready at 'infinity' is shown ready on
 9999-12-30, which is what it means to an operator, and every other time is loaded as it is.
 
-Registered on psycopg's global adapters when ``pgdispatch.sql`` is imported (this package's
-``__init__``), before any connection exists: every connection copies them when it opens.
+Registered on each connection pgdispatch opens (sql/db.py, ``connect`` and ``make_pool``),
+not on psycopg's global adapters: other users of psycopg in the same process (a benchmark's
+peer) keep psycopg's own loaders.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 
 import psycopg
 from psycopg.adapt import Loader
@@ -38,6 +40,7 @@ def _is_before(data: bytes | memoryview, fmt: Format) -> bool:
     return raw.startswith(b"-") or raw.rstrip().endswith(b"BC")
 
 
+@functools.cache
 def _clamping(base: type[Loader]) -> type[Loader]:
     """A loader that loads as ``base`` does, and an out-of-range time as EARLIEST or LATEST."""
 
@@ -58,16 +61,12 @@ def _clamping(base: type[Loader]) -> type[Loader]:
     return Clamped
 
 
-def register(adapters=None) -> None:
-    """Make ``adapters`` (psycopg's global map by default) load timestamptz values, text and
-    binary, through ``_clamping``. Idempotent. pgdispatch's schema has no other time type."""
-    adapters = adapters if adapters is not None else psycopg.adapters
+def register(adapters) -> None:
+    """Make ``adapters`` (a connection's) load timestamptz values, text and binary, through
+    ``_clamping``. Idempotent. pgdispatch's schema has no other time type."""
     oid = adapters.types["timestamptz"].oid
     for fmt in (Format.TEXT, Format.BINARY):
         base = adapters.get_loader(oid, fmt)
         if base is None or base.__name__.startswith("Clamped"):
             continue
         adapters.register_loader(oid, _clamping(base))
-
-
-register()

@@ -98,6 +98,9 @@ def listen_for_work(url: str, pool_ids: list[int], on_work: Callable[[], None],
                         "session), or --no-listen")
                     return False
                 conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
+                # said once per connection: a listener that never gets here (a session pool
+                # too small holds it in the pooler's queue) is otherwise silent
+                log.info("wake-up listener: listening on %s", WAKEUP_CHANNEL)
                 delay = 0.5
                 _call(on_work)
                 while not stop.is_set():

@@ -170,30 +170,25 @@ class Claimer:
         return [claim for claim, _ in runs]
 
     def _renew_late(self, claims: list[Claim], sent: float) -> list[tuple[Claim, float]]:
-        """Heartbeat each claim whose answer came late, before it runs; (claim, the time the
-        lease now runs from) for those renewed. One the database no longer lets us renew
-        (fenced) is dropped; one it could not be asked about is not run either (its command
-        has not started: the lease expiry decides, as for any runner that went quiet)."""
+        """Renew each claim whose answer came late before it runs, as a recovered claim is
+        (``_renew_recovered``: handed back instead when draining); (claim, the time the lease
+        now runs from) for those to run. One the database could not be asked about is not run
+        (its command has not started: the lease expiry decides, as for any runner that went
+        quiet)."""
         log.warning("claim answered %.1f s after it was sent; renewing the lease of %d job(s) "
                     "before running them", time.monotonic() - sent, len(claims))
-        renewed: list[tuple[Claim, float]] = []
+        runs: list[tuple[Claim, float]] = []
         for claim in claims:
-            at = time.monotonic()
             try:
                 with checkout(self.pool) as conn:
-                    transitions.heartbeat(conn, attempt_id=claim.attempt_id,
-                                          generation=claim.generation,
-                                          lease_seconds=self.settings.lease_seconds)
-            except FencedOut:
-                log.info("job %d attempt %d was fenced out before it ran", claim.job_id,
-                         claim.attempt_no)
-                continue
+                    renewed_at = self._renew_recovered(conn, claim, "running")
             except DatabaseUnavailable as exc:
                 log.error("job %d attempt %d: could not renew a late claim (%s); not running "
                           "it, the lease expiry will decide", claim.job_id, claim.attempt_no, exc)
                 continue
-            renewed.append((claim, at))
-        return renewed
+            if renewed_at is not None:
+                runs.append((claim, renewed_at))
+        return runs
 
     def _recover_pending(self) -> int:
         """Settle the claims whose answer was lost, one call per claim; run what committed
@@ -233,9 +228,10 @@ class Claimer:
         return launched
 
     def _renew_recovered(self, conn, claim: Claim, state: str) -> float | None:
-        """A recovered claim that committed: renew its lease and return when the renewal was
-        sent (``time.monotonic()``), or None when it is not to be run (ended since, fenced
-        out, or handed back because we are draining)."""
+        """A claim that committed (recovered, or answered late) whose job is now ``state``:
+        renew its lease and return when the renewal was sent (``time.monotonic()``), or None
+        when it is not to be run (ended since, fenced out, or handed back because we are
+        draining)."""
         if state != "running":
             # Already ended (expired, cancelled): nothing of it is ours to run.
             log.info("claim %s committed as job %d attempt %d, now %s; not running it",

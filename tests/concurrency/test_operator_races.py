@@ -125,14 +125,19 @@ def test_harness_catches_a_resolve_that_checks_a_stale_state(world, db_url):
     assert audit_count(world.conn, "resolve_target", "target:production") == 2
 
 
-def race_late_report(world, db_url, runner: int, resolve) -> dict:
+def race_late_report(world, db_url, runner: int, resolve, *, report_when=None) -> dict:
     """A lost deployment's runner reports success late while an operator resolves the
-    target as failed; ``resolve(conn, actor, outcome)``."""
+    target as failed; ``resolve(conn, actor, outcome)``. ``report_when(conn)``: when given,
+    the report waits until it returns true."""
     job_id = make_uncertain(world, runner)
     lost = world.conn.execute("SELECT id, generation, claim_token FROM attempts WHERE job_id = %s "
                               "ORDER BY id DESC LIMIT 1", (job_id,)).fetchone()
 
     def late_report(conn):
+        deadline = time.monotonic() + 10
+        while report_when is not None and not report_when(conn):
+            assert time.monotonic() < deadline, "the report's moment never came"
+            time.sleep(0.01)
         return transitions.complete(conn, attempt_id=lost["id"], generation=lost["generation"],
                                     outcome="succeeded", exit_code=0,
                                     receipt_key=f"{lost['claim_token']}:complete")
@@ -168,8 +173,16 @@ def test_harness_catches_a_resolve_racing_a_late_report_on_a_stale_state(world, 
     world.setup(pools=("deploy",), targets=("production",))
     runner = world.runner(pools=("deploy",))
     world.conn.execute(BROKEN_RESOLVE_SQL)
+    # the report lands while the broken resolve sleeps between its stale read and its writes
+    # (left to the threads' start order, the report sometimes came first, and the broken
+    # resolve then read 'free' and refused: a check that could not fail that time)
+    def resolve_is_sleeping(conn) -> bool:
+        return conn.execute("SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
+                            " AND query LIKE '%pgd_resolve_target_broken%'").fetchone()["n"] > 0
+
     r = race_late_report(world, db_url, runner, lambda conn, actor, outcome: call_broken(
-        conn, "SELECT pgd_resolve_target_broken('production', %s, 'note', %s, 1.0) AS r", outcome, actor))
+        conn, "SELECT pgd_resolve_target_broken('production', %s, 'note', %s, 1.0) AS r", outcome, actor),
+        report_when=resolve_is_sleeping)
     assert r["report"].error is None and r["resolve"].error is None
     assert r["report"].value["job_state"] == "succeeded" and r["job"] == "failed"
 

@@ -7,16 +7,9 @@ SELECT * FROM pgd_claim(:runner_id, CAST(:pool_ids AS bigint[]), CAST(:claim_tok
 SELECT * FROM pgd_recover_claims(CAST(:claim_tokens AS uuid[]), :runner_id);
 
 -- name: heartbeat^
--- Heartbeat: extend the lease only if the attempt still runs with this generation; no row = fenced out.
--- Locks only the attempt row (last in lock order).
-UPDATE attempts a
-   SET lease_expires_at = clock_timestamp() + make_interval(secs => :lease_seconds),
-       last_heartbeat_at = now(),
-       output_tail = coalesce(CAST(:output_tail AS text), a.output_tail)
-  FROM jobs j
- WHERE a.id = :attempt_id AND a.generation = :generation AND a.state = 'running'
-   AND j.id = a.job_id
-RETURNING a.lease_expires_at, j.cancel_requested_at IS NOT NULL AS is_cancel_requested;
+-- Extend the lease only if the attempt still runs with this generation; no row = fenced
+-- out; see pgd_heartbeat (sql/functions/runners.sql).
+SELECT * FROM pgd_heartbeat(:attempt_id, :generation, :lease_seconds, CAST(:output_tail AS text));
 
 -- name: complete$
 -- Record an outcome once (receipt key), release every reservation, retry or end the job; see pgd_complete (sql/functions/complete.sql).

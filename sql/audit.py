@@ -26,14 +26,23 @@ def record_event(conn, *, actor: str, action: str, subject: str, reason: str | N
         InvalidInput: an empty or over-long actor (200) or reason (1000).
     """
     return Q.record_event(conn, actor=check_text("actor", actor, max_len=200), action=action,
-                          subject=subject, reason=_optional_reason(reason),
+                          subject=subject, reason=optional_reason(reason),
                           details=json.dumps(details or {}))
 
 
-def _optional_reason(reason: str | None) -> str | None:
+def optional_reason(reason: str | None) -> str | None:
+    """A reason as the audit log keeps it: None for a blank one. Raises InvalidInput over
+    1000 characters."""
     if reason is None or reason.strip() == "":
         return None
     return check_text("reason", reason, max_len=1000)
+
+
+def check_actor(actor: str | None) -> str | None:
+    """The actor a caller names for a transition that authorizes it (pgd_authorize,
+    sql/functions/audit.sql): None lets the database name the login. Raises InvalidInput for
+    an empty or over-long (200) name."""
+    return None if actor is None else check_text("actor", actor, max_len=200)
 
 
 def already_resolved(conn, *, subject: str, what: str) -> AlreadyResolved:

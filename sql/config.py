@@ -14,6 +14,7 @@ from typing import Any
 
 from .db import in_transaction
 from .errors import InvalidInput
+from . import roles
 from .queries import Q
 from .accounts import ROLES, hash_password, verify_password
 from .validate import _shown, check_int, check_text
@@ -114,7 +115,13 @@ def load_config(text: str, env: dict[str, str] | None = None) -> dict[str, list[
             "users": out_users}
 
 
-def _apply(conn, cfg: dict[str, list[dict]], actor: str) -> dict[str, int]:
+def _apply(conn, cfg: dict[str, list[dict]], actor: str | None) -> dict[str, int]:
+    # apply writes the tables directly, as their owner: a migrator's login (or a superuser)
+    # may become pgdispatch_owner for this transaction (docs/operations.md, "Database
+    # roles"); any other login meets PostgreSQL's "permission denied" (Forbidden).
+    roles.become_owner(conn)
+    if actor is None:
+        actor = conn.execute("SELECT session_user AS login").fetchone()["login"]
     org_names = {r["name"] for r in Q.list_organizations(conn)} | {o["name"] for o in cfg["organizations"]}
     pool_names = {r["name"] for r in Q.list_pools(conn)} | {p["name"] for p in cfg["pools"]}
     for p in cfg["projects"]:
@@ -176,14 +183,16 @@ def _by_id(ids: dict[str, int], name: str) -> tuple[bool, int, str]:
     return (name not in ids, ids.get(name, 0), name)
 
 
-def apply_config(conn, text: str, *, actor: str, env: dict[str, str] | None = None) -> dict[str, int]:
-    """Validate and apply an apply file in one transaction; audited when anything changed.
+def apply_config(conn, text: str, *, actor: str | None = None, env: dict[str, str] | None = None) -> dict[str, int]:
+    """Validate and apply an apply file in one transaction, as pgdispatch_owner when the
+    login may become it; audited when anything changed, as ``actor`` (None: the login).
 
     Returns:
         counts per section and ``changed_rows`` (0 when the database already matched).
     Raises:
         InvalidInput: see ``load_config``; unknown organization or pool; a project moved
         between organizations. Nothing is written then.
+        Forbidden: the login may not write the tables (not a migrator).
     """
     cfg = load_config(text, env)
     return in_transaction(conn, _apply, cfg, actor, tx_name="apply_config")
@@ -197,6 +206,6 @@ def read_config_file(path: str | Path) -> str:
         raise InvalidInput(f"cannot read {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
 
 
-def apply_file(conn, path: str | Path, *, actor: str) -> dict[str, int]:
+def apply_file(conn, path: str | Path, *, actor: str | None = None) -> dict[str, int]:
     """``apply_config`` on a file. Raises InvalidInput when it cannot be read."""
     return apply_config(conn, read_config_file(path), actor=actor)

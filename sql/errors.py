@@ -15,6 +15,14 @@ class InvalidInput(PgDispatchError):
     http_status = 422
 
 
+class Forbidden(PgDispatchError):
+    """The database login, or the user it names, may not do this (SQLSTATE PD403, from
+    pgd_authorize in sql/functions/audit.sql; or PostgreSQL's own 42501, insufficient
+    privilege, when a role tries what its grants do not allow: sql/grants.sql)."""
+
+    http_status = 403
+
+
 class NotFound(PgDispatchError):
     """An entity named in the request does not exist (SQLSTATE PD404)."""
 
@@ -115,6 +123,8 @@ def translate(exc: BaseException) -> BaseException:
         return InvalidInput("text must not contain NUL bytes")
     if state == "PD404":
         return NotFound(message)
+    if state in ("PD403", "42501"):
+        return Forbidden(message)
     if state == "PDALR":
         return AlreadyResolved(message)
     if state == "PD409":

@@ -11,6 +11,14 @@ Where the current definitions are:
   database last loaded runs all of them again (``FUNCTION_FILES``), so that editing a body
   and running ``pgdispatch db upgrade`` changes a live database.
 
+* who owns it all and who may do what: ``sql/roles.sql``, ``sql/owner.sql``,
+  ``sql/grants.sql`` (``pgdispatch.sql.roles``). Every upgrade runs as pgdispatch_owner
+  when the login may (``SET LOCAL ROLE``), so that what it creates the owner owns, and
+  applies the grants again after the function files load. The first upgrade of a server
+  creates the group roles when its login may (CREATEROLE or superuser) and hands every
+  object the login owns to pgdispatch_owner; a login that may not create them is told to
+  run ``pgdispatch db roles`` (as one that may) first.
+
 docs/contributing.md says how to change either.
 """
 
@@ -22,6 +30,7 @@ from pathlib import Path
 
 from psycopg.rows import dict_row
 
+from . import roles
 from .db import PREPARE_THRESHOLD, backoff_sleep, connect
 from .errors import IncompatibleDatabase, PgDispatchError
 
@@ -35,7 +44,7 @@ SCHEMA_FILE = SQL_DIR / "schema.sql"
 # a file comes after every file whose functions its SQL functions call (plpgsql bodies are
 # resolved when they run, and triggers follow their functions within each file).
 FUNCTION_FILES = ("audit.sql", "capacity.sql", "claim.sql", "complete.sql", "expire.sql",
-                  "submit.sql", "operator.sql")
+                  "submit.sql", "operator.sql", "limits.sql", "runners.sql", "summaries.sql")
 # The migration ids of development versions before 0.1.0, squashed into 0001_baseline: a
 # database that has any of them cannot be upgraded (its tables are not the baseline's).
 PRE_RELEASE_IDS = frozenset({"0001_initial", "0014_capacity_stripes"})
@@ -101,9 +110,10 @@ def function_sources(functions_dir: Path = FUNCTIONS_DIR) -> list[tuple[str, str
 
 
 def definitions_digest(sources: list[tuple[str, str]]) -> str:
-    """sha256 (hex) of the function files, names and texts in load order."""
+    """sha256 (hex) of the function files, names and texts in load order, and of the
+    grants (sql/grants.sql: a changed grant is applied by the next upgrade)."""
     h = hashlib.sha256()
-    for name, text in sources:
+    for name, text in [*sources, ("grants.sql", roles.GRANTS_FILE.read_text())]:
         h.update(name.encode() + b"\0" + text.encode() + b"\0")
     return h.hexdigest()
 
@@ -245,6 +255,41 @@ def _refuse_leftovers(before: dict[str, str], after: dict[str, str]) -> None:
             + "; drop it in a migration (docs/contributing.md); nothing was changed")
 
 
+_FOREIGN_OBJECTS = """
+    SELECT EXISTS (SELECT 1 FROM pg_class c WHERE c.relnamespace = 'public'::regnamespace
+                      AND c.relowner <> 'pgdispatch_owner'::regrole)
+        OR EXISTS (SELECT 1 FROM pg_proc p WHERE p.pronamespace = 'public'::regnamespace
+                      AND p.proowner <> 'pgdispatch_owner'::regrole) AS is_foreign"""
+
+
+def _become_owner(conn) -> bool:
+    """In the upgrade's transaction, before it changes anything: create the group roles when
+    they are missing and the login may, hand the schema's objects to pgdispatch_owner when
+    another role owns some, then ``SET LOCAL ROLE pgdispatch_owner`` when the login may.
+    Returns whether objects were handed over (the grants must then be applied again).
+
+    Raises:
+        PgDispatchError: the roles are missing and this login may not create them.
+    """
+    with conn.cursor(row_factory=dict_row) as cur:
+        status = roles.role_status(cur)
+        if status["missing"]:
+            if not (status["is_superuser"] or status["can_create_roles"]):
+                raise PgDispatchError(
+                    "the database roles (sql/roles.sql) do not exist and this login may not "
+                    "create them: run `pgdispatch db roles` as a login with CREATEROLE first "
+                    "(docs/operations.md, \"Database roles\")")
+            roles.create_roles(cur)
+            status = roles.role_status(cur)
+        if not status["may_become_owner"]:
+            log.warning("this login may not SET ROLE pgdispatch_owner: upgrading as itself")
+            return False
+        is_adopted = cur.execute(_FOREIGN_OBJECTS).fetchone()["is_foreign"]
+        roles.adopt_schema(cur)  # also lets the owner create in the schema
+        cur.execute(f"SET LOCAL ROLE {roles.OWNER}")
+    return bool(is_adopted)
+
+
 def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: str) -> Applied:
     """One try of ``upgrade`` on yoyo's connection, in one transaction; the ids applied."""
     from yoyo import internalmigrations
@@ -252,6 +297,7 @@ def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: s
     conn = backend.connection  # psycopg: no placeholder parsing without parameters
     with backend.transaction():
         conn.execute(UPGRADE_LOCK_SQL, (ADVISORY_LOCK_KEY,))
+        is_adopted = _become_owner(conn)
         with conn.cursor(row_factory=dict_row) as cur:
             _clear_yoyo_lock(cur)
         # yoyo's own tables, in this transaction (a savepoint), under the advisory lock:
@@ -263,7 +309,7 @@ def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: s
         conn.execute("CREATE TABLE IF NOT EXISTS _pgdispatch_definitions ("
                      " digest text NOT NULL, loaded_at timestamptz NOT NULL DEFAULT now())")
         loaded = conn.execute("SELECT digest FROM _pgdispatch_definitions").fetchone()
-        if not pending and loaded is not None and loaded[0] == digest:
+        if not pending and loaded is not None and loaded[0] == digest and not is_adopted:
             return Applied()
         conn.execute(f"SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'")
         existing = [t for t in UPGRADE_LOCKS
@@ -297,6 +343,7 @@ def _upgrade_once(backend, migrations, sources: list[tuple[str, str]], digest: s
                 first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
                 raise PgDispatchError(f"sql/functions/{name}: {first} (nothing was changed)") from exc
         _refuse_leftovers(before, _catalog_versions(conn))
+        roles.apply_grants(conn)
         conn.execute("DELETE FROM _pgdispatch_definitions")
         conn.execute("INSERT INTO _pgdispatch_definitions (digest) VALUES (%s)", (digest,))
     applied = Applied(m.id for m in pending)

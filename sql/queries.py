@@ -8,8 +8,10 @@ import aiosql
 
 SQL_DIR = Path(__file__).parent
 
-# Every top-level .sql file but schema.sql: the tables (schema.sql), the functions
-# (functions/) and the migrations are the database's own, applied by sql.migrate.
+# Every top-level .sql file but the scripts: the tables (schema.sql), the functions
+# (functions/) and the migrations are the database's own, applied by sql.migrate, as are
+# the roles, their grants and the schema's owner (sql/roles.py).
+SCRIPTS = {"schema.sql", "roles.sql", "grants.sql", "owner.sql"}
 Q = aiosql.from_str("\n\n".join(p.read_text() for p in sorted(SQL_DIR.glob("*.sql"))
-                                 if p.name != "schema.sql"),
+                                 if p.name not in SCRIPTS),
                     "psycopg", mandatory_parameters=False)

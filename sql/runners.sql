@@ -4,21 +4,17 @@
 SELECT current_setting('transaction_isolation');
 
 -- name: register_runner$
--- One row per scheduler process; its pools and slots.
-INSERT INTO runners (name, hostname, pid, pool_ids, slots)
-SELECT :name, :hostname, :pid, array_agg(q.id ORDER BY q.id), :slots
-  FROM pools q WHERE q.name = ANY (CAST(:pools AS text[]))
-HAVING count(*) = cardinality(CAST(:pools AS text[]))
-RETURNING id;
+-- One row per scheduler process; its pools and slots; see pgd_register_runner
+-- (sql/functions/runners.sql).
+SELECT pgd_register_runner(:name, :hostname, :pid, CAST(:pools AS text[]), :slots);
 
 -- name: beat_runner!
 -- Keep a runner row alive (the explain "no live runner" check reads last_heartbeat_at).
-UPDATE runners SET last_heartbeat_at = now(), draining = :draining
- WHERE id = :runner_id AND stopped_at IS NULL;
+SELECT pgd_beat_runner(:runner_id, :draining);
 
 -- name: stop_runner!
 -- Mark a runner stopped at shutdown.
-UPDATE runners SET stopped_at = now(), draining = true WHERE id = :runner_id AND stopped_at IS NULL;
+SELECT pgd_stop_runner(:runner_id);
 
 -- name: list_runners
 -- Runners seen or stopped within the hour (older dead ones drop off), with live flag and slots used.

@@ -211,7 +211,9 @@ CREATE TABLE delivery_receipts (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 
--- Append-only (triggers in sql/functions/audit.sql); the actor is the authenticated identity.
+-- Append-only (triggers in sql/functions/audit.sql); the actor is the authenticated identity
+-- (pgd_authorize), the login the database login that wrote the event (a SECURITY DEFINER
+-- transition keeps session_user).
 CREATE TABLE audit_events (
     id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at      timestamptz NOT NULL DEFAULT now(),
@@ -219,7 +221,8 @@ CREATE TABLE audit_events (
     action  text NOT NULL,
     subject text NOT NULL,
     reason  text,
-    details jsonb NOT NULL DEFAULT '{}'
+    details jsonb NOT NULL DEFAULT '{}',
+    login   text NOT NULL DEFAULT session_user
 );
 CREATE INDEX audit_events_subject_idx ON audit_events (subject, id DESC);
 CREATE INDEX audit_events_at_idx ON audit_events (at DESC);

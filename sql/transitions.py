@@ -20,6 +20,7 @@ from typing import Any
 from . import metrics
 from .db import transition
 from .errors import FencedOut, IncompatibleDatabase, InvalidInput
+from .audit import check_actor
 from .queries import Q
 from .validate import check_command, check_int, check_lease_seconds, check_number, check_text
 
@@ -281,9 +282,10 @@ def submit(conn, *, project: str, pool: str, command: Sequence[str], target: str
            priority: int = 0, max_attempts: int = 1, timeout_seconds: int = 3600,
            delay_seconds: float = 0.0, requires_approval: bool = False,
            depends_on: Sequence[int] = (), idempotency_key: str | None = None,
-           submitted_by: str = "cli") -> dict[str, Any]:
+           submitted_by: str | None = None) -> dict[str, Any]:
     """Enqueue one job and audit it (``submit_job`` by ``submitted_by``, the authenticated
-    identity, in the same transaction; pgd_submit, sql/functions/submit.sql); returns the job
+    identity, or the database login when None; pgd_authorize, 'operator'; in the same
+    transaction; pgd_submit, sql/functions/submit.sql); returns the job
     as ``get_job`` does, plus ``is_new``. A repeated key records nothing.
 
     Limits: command 1–256 arguments, 64 KiB in all, no NUL; priority −1000…1000;
@@ -313,7 +315,7 @@ def submit(conn, *, project: str, pool: str, command: Sequence[str], target: str
     deps = [check_int("dependency id", d, 1, 2**63 - 1, strict=True) for d in depends_on]
     if idempotency_key is not None:
         check_text("idempotency key", idempotency_key, max_len=200)
-    check_text("submitted by", submitted_by, max_len=200)
+    submitted_by = check_actor(submitted_by)
     row = Q.submit(conn, project=project, pool=pool, target=target, command=command,
                    priority=priority, max_attempts=max_attempts,
                    timeout_seconds=timeout_seconds, delay_seconds=delay_seconds,
@@ -332,51 +334,54 @@ def _operator_text(kind: str, value: str | None, *, required: bool) -> str | Non
     return check_text(kind, value, max_len=1000)
 
 
+# The operator actions: ``actor`` is the console's signed-in user, or None for a CLI login,
+# which acts as itself; the database decides whether that login, or that user, may act
+# (pgd_authorize, sql/functions/audit.sql) and raises Forbidden (PD403) when not.
 @transition("pause_project")
-def pause_project(conn, *, project: str, reason: str, actor: str) -> dict[str, Any]:
+def pause_project(conn, *, project: str, reason: str, actor: str | None) -> dict[str, Any]:
     """Pause a project with a mandatory reason; audited.
 
     Raises: NotFound; AlreadyResolved when it is already paused (says by whom).
     """
     check_text("project", project, max_len=63)
-    return Q.pause_project(conn, project=project, actor=check_text("actor", actor, max_len=200),
+    return Q.pause_project(conn, project=project, actor=check_actor(actor),
                            reason=_operator_text("reason", reason, required=True))
 
 
 @transition("resume_project")
-def resume_project(conn, *, project: str, actor: str, reason: str | None = None) -> dict[str, Any]:
+def resume_project(conn, *, project: str, actor: str | None, reason: str | None = None) -> dict[str, Any]:
     """Resume a paused project; audited. Raises NotFound, Conflict when not paused."""
     check_text("project", project, max_len=63)
-    return Q.resume_project(conn, project=project, actor=check_text("actor", actor, max_len=200),
+    return Q.resume_project(conn, project=project, actor=check_actor(actor),
                             reason=_operator_text("reason", reason, required=False))
 
 
 @transition("approve_job")
-def approve_job(conn, *, job_id: int, actor: str, reason: str | None = None) -> dict[str, Any]:
+def approve_job(conn, *, job_id: int, actor: str | None, reason: str | None = None) -> dict[str, Any]:
     """Approve a job that requires approval; audited. Raises NotFound, Conflict."""
     return Q.approve_job(conn, job_id=check_int("job id", job_id, 1, 2**63 - 1),
-                         actor=check_text("actor", actor, max_len=200),
+                         actor=check_actor(actor),
                          reason=_operator_text("reason", reason, required=False))
 
 
 @transition("cancel_job")
-def cancel_job(conn, *, job_id: int, actor: str, reason: str | None = None) -> dict[str, Any]:
+def cancel_job(conn, *, job_id: int, actor: str | None, reason: str | None = None) -> dict[str, Any]:
     """Cancel a waiting job now, or ask a running job's runner to stop it; audited."""
     return Q.cancel_job(conn, job_id=check_int("job id", job_id, 1, 2**63 - 1),
-                        actor=check_text("actor", actor, max_len=200),
+                        actor=check_actor(actor),
                         reason=_operator_text("reason", reason, required=False))
 
 
 @transition("retry_job")
-def retry_job(conn, *, job_id: int, actor: str, reason: str | None = None) -> dict[str, Any]:
+def retry_job(conn, *, job_id: int, actor: str | None, reason: str | None = None) -> dict[str, Any]:
     """Queue a failed or cancelled job again now; audited. Raises NotFound, Conflict."""
     return Q.retry_job(conn, job_id=check_int("job id", job_id, 1, 2**63 - 1),
-                       actor=check_text("actor", actor, max_len=200),
+                       actor=check_actor(actor),
                        reason=_operator_text("reason", reason, required=False))
 
 
 @transition("resolve_target")
-def resolve_target(conn, *, target: str, outcome: str, note: str, actor: str) -> dict[str, Any]:
+def resolve_target(conn, *, target: str, outcome: str, note: str, actor: str | None) -> dict[str, Any]:
     """Resolve an uncertain target: the lost deployment succeeded, failed, or should retry.
 
     Raises:
@@ -388,7 +393,7 @@ def resolve_target(conn, *, target: str, outcome: str, note: str, actor: str) ->
     check_text("target", target, max_len=63)
     return Q.resolve_target(conn, target=target, outcome=outcome,
                             note=_operator_text("note", note, required=True),
-                            actor=check_text("actor", actor, max_len=200))
+                            actor=check_actor(actor))
 
 
 @transition("register_runner")

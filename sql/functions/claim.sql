@@ -203,7 +203,7 @@ CREATE OR REPLACE FUNCTION pgd_claim(p_runner_id bigint, p_pool_ids bigint[], p_
 RETURNS TABLE (job_id bigint, attempt_id bigint, attempt_no integer, generation bigint,
                lease_expires_at timestamptz, project_id bigint, pool_id bigint,
                target_id bigint, command text[], timeout_seconds integer)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     v_pools   bigint[];
@@ -346,7 +346,7 @@ CREATE OR REPLACE FUNCTION pgd_claim_batch(p_runner_id bigint, p_pool_ids bigint
 RETURNS TABLE (job_id bigint, attempt_id bigint, attempt_no integer, generation bigint,
                lease_expires_at timestamptz, project_id bigint, pool_id bigint,
                target_id bigint, command text[], timeout_seconds integer, claim_token uuid)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     v_pools   bigint[];
@@ -498,7 +498,7 @@ RETURNS TABLE (claim_token uuid, job_id bigint, attempt_id bigint, attempt_no in
                generation bigint, lease_expires_at timestamptz, project_id bigint,
                pool_id bigint, target_id bigint, command text[], timeout_seconds integer,
                state text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
     IF coalesce(cardinality(p_claim_tokens), 0) NOT BETWEEN 1 AND 1000

@@ -120,7 +120,7 @@ CREATE OR REPLACE FUNCTION pgd_complete(p_attempt_id bigint, p_generation bigint
                                         p_backoff_cap_seconds double precision,
                                         p_release boolean DEFAULT true)
 RETURNS jsonb
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     v_receipt   delivery_receipts%ROWTYPE;
@@ -307,7 +307,7 @@ $$;
 CREATE OR REPLACE FUNCTION pgd_complete_batch(p_items jsonb, p_backoff_base_seconds double precision,
                                               p_backoff_cap_seconds double precision)
 RETURNS SETOF jsonb
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v_targets  bigint[];
     v_attempts bigint[];

@@ -17,7 +17,7 @@
 CREATE OR REPLACE FUNCTION pgd_expire_one(p_backoff_base_seconds double precision,
                                           p_backoff_cap_seconds double precision)
 RETURNS jsonb
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     c          record;

@@ -37,10 +37,11 @@ $$;
 
 -- pause / resume a project: conditional on the state the operator saw, audited.
 CREATE OR REPLACE FUNCTION pgd_pause_project(p_project text, p_reason text, p_actor text)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v projects%ROWTYPE;
 BEGIN
+    p_actor := pgd_authorize(p_actor, 'operator');
     IF p_reason IS NULL OR btrim(p_reason) = '' THEN
         RAISE EXCEPTION 'a reason is required to pause a project' USING ERRCODE = 'PD422';
     END IF;
@@ -62,10 +63,11 @@ END;
 $$;
 
 CREATE OR REPLACE FUNCTION pgd_resume_project(p_project text, p_reason text, p_actor text)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v_note text;
 BEGIN
+    p_actor := pgd_authorize(p_actor, 'operator');
     IF NOT EXISTS (SELECT 1 FROM projects WHERE name = p_project) THEN
         RAISE EXCEPTION 'unknown project %', p_project USING ERRCODE = 'PD404';
     END IF;
@@ -89,10 +91,11 @@ $$;
 
 -- approve a job that requires approval; it becomes queued if no dependency is pending.
 CREATE OR REPLACE FUNCTION pgd_approve_job(p_job_id bigint, p_reason text, p_actor text)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v jobs%ROWTYPE;
 BEGIN
+    p_actor := pgd_authorize(p_actor, 'operator');
     SELECT * INTO v FROM jobs WHERE id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown job %', p_job_id USING ERRCODE = 'PD404';
@@ -116,10 +119,11 @@ END;
 $$;
 
 CREATE OR REPLACE FUNCTION pgd_cancel_job(p_job_id bigint, p_reason text, p_actor text)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v jobs%ROWTYPE;
 BEGIN
+    p_actor := pgd_authorize(p_actor, 'operator');
     SELECT * INTO v FROM jobs WHERE id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown job %', p_job_id USING ERRCODE = 'PD404';
@@ -144,10 +148,11 @@ END;
 $$;
 
 CREATE OR REPLACE FUNCTION pgd_retry_job(p_job_id bigint, p_reason text, p_actor text)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v jobs%ROWTYPE;
 BEGIN
+    p_actor := pgd_authorize(p_actor, 'operator');
     SELECT * INTO v FROM jobs WHERE id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown job %', p_job_id USING ERRCODE = 'PD404';
@@ -172,12 +177,13 @@ $$;
 -- (succeeded), did not (failed), or should run again (retry). Conditional on the target still
 -- being uncertain, so of two operators one wins and the other hears who did it. Audited.
 CREATE OR REPLACE FUNCTION pgd_resolve_target(p_target text, p_outcome text, p_note text, p_actor text)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v_target targets%ROWTYPE;
     v_job    jobs%ROWTYPE;
     v_state  text;
 BEGIN
+    p_actor := pgd_authorize(p_actor, 'operator');
     IF p_outcome NOT IN ('succeeded', 'failed', 'retry') THEN
         RAISE EXCEPTION 'outcome must be succeeded, failed or retry, got %', p_outcome USING ERRCODE = 'PD422';
     END IF;

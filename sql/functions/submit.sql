@@ -69,7 +69,7 @@ CREATE OR REPLACE FUNCTION pgd_submit(p_project text, p_pool text, p_target text
                                       p_delay_seconds double precision, p_requires_approval boolean,
                                       p_depends_on bigint[], p_idempotency_key text, p_submitted_by text)
 RETURNS TABLE (job_id bigint, is_new boolean)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
     v_project  projects%ROWTYPE;
@@ -82,6 +82,7 @@ DECLARE
     v_unknown  bigint[];
     v_request  jsonb;
 BEGIN
+    p_submitted_by := pgd_authorize(p_submitted_by, 'operator');
     -- ready_at is now() plus the delay: at most 30 days (sql.transitions.submit checks the
     -- same bound), so that it stays a time Python can load. Unbounded, 1e12 s stores a
     -- year-33000 ready_at that no read of the job could load, and 1e300 overflows.

@@ -74,15 +74,24 @@ def test_explain_counts_held_slots_above_a_lowered_limit(world):
 
 @pytest.mark.parametrize("kind", ["organization", "pool"])
 def test_lock_before_a_limit_change_still_locks_the_row(world, db_url, kind):
-    """lock_organization / lock_pool read ``running`` from the slots but still lock the
-    organization's or pool's row (FOR UPDATE): a second locker cannot have it meanwhile."""
+    """pgd_set_organization_limit / pgd_set_pool_slots read ``running`` from the slots but
+    still lock the organization's or pool's row (FOR UPDATE), even for an unchanged save: a
+    second locker cannot have it meanwhile."""
     world.setup()
     table = "organizations" if kind == "organization" else "pools"
     name = "acme" if kind == "organization" else "linux"
-    lock = Q.lock_organization if kind == "organization" else Q.lock_pool
     with world.conn.transaction():
-        row = lock(world.conn, name=name)
-        assert row["name"] == name and row["running"] == 0
+        if kind == "organization":
+            limit = world.conn.execute("SELECT max_running FROM organizations WHERE name = %s",
+                                       (name,)).fetchone()["max_running"]
+            row = limits.set_organization_limit(world.conn, organization=name, max_running=limit,
+                                                expected_max_running=limit, actor="adm")
+        else:
+            slots = world.conn.execute("SELECT slots FROM pools WHERE name = %s",
+                                       (name,)).fetchone()["slots"]
+            row = limits.set_pool_slots(world.conn, pool=name, slots=slots, expected_slots=slots,
+                                        actor="adm")
+        assert row["running"] == 0 and row["changed"] is False
         with db.connect(db_url) as other:
             with pytest.raises(Exception) as info:
                 other.execute(f"SELECT id FROM {table} WHERE name = %s FOR UPDATE NOWAIT", (name,))

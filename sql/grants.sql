@@ -1,0 +1,52 @@
+-- What each group role of sql/roles.sql may do, applied by every `db upgrade` after the
+-- function files load (sql/migrate.py), and by `pgdispatch db roles`. The owner
+-- (pgdispatch_owner) owns every table, sequence and function; nobody else may change
+-- anything except through the SECURITY DEFINER entry points granted here. Everything is
+-- revoked first, so that running this file again also takes back a grant made by hand.
+-- A table or a function added later gets no privilege until it is named here.
+
+REVOKE ALL ON ALL TABLES IN SCHEMA public
+    FROM PUBLIC, pgdispatch_migrator, pgdispatch_scheduler, pgdispatch_web, pgdispatch_reader,
+         pgdispatch_operator, pgdispatch_admin;
+REVOKE ALL ON ALL SEQUENCES IN SCHEMA public
+    FROM PUBLIC, pgdispatch_migrator, pgdispatch_scheduler, pgdispatch_web, pgdispatch_reader,
+         pgdispatch_operator, pgdispatch_admin;
+-- PostgreSQL grants EXECUTE on every new function to PUBLIC; internal helpers (no SECURITY
+-- DEFINER) stay executable by the owner alone, who runs them inside the entry points.
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA public
+    FROM PUBLIC, pgdispatch_migrator, pgdispatch_scheduler, pgdispatch_web, pgdispatch_reader,
+         pgdispatch_operator, pgdispatch_admin;
+
+-- Scheduler (a runner host's login): no table privilege at all; its transitions only.
+GRANT EXECUTE ON FUNCTION pgd_register_runner, pgd_beat_runner, pgd_stop_runner,
+                          pgd_get_runner_pool_ids, pgd_claim, pgd_claim_batch, pgd_recover_claims,
+                          pgd_heartbeat, pgd_complete, pgd_complete_batch, pgd_expire_one,
+                          pgd_summarize_queue
+    TO pgdispatch_scheduler;
+
+-- Reader (dashboards, metrics; and the base of a person's CLI login): what the console
+-- shows, never a secret: users without password_hash, api_tokens without token_hash.
+GRANT SELECT ON organizations, pools, projects, project_pools, runners, targets, jobs,
+                job_dependencies, attempts, audit_events, queue_summaries, capacity_stripes,
+                capacity_debts
+    TO pgdispatch_reader, pgdispatch_web;
+GRANT SELECT (id, username, role, created_at, disabled_at) ON users
+    TO pgdispatch_reader, pgdispatch_web;
+GRANT SELECT (id, user_id, name, created_at, last_used_at, revoked_at) ON api_tokens
+    TO pgdispatch_reader, pgdispatch_web;
+-- the running counts the lists show (plain SQL functions over capacity_stripes and jobs,
+-- inlined into the reads)
+GRANT EXECUTE ON FUNCTION pgd_organization_running, pgd_pool_running, pgd_project_running
+    TO pgdispatch_reader, pgdispatch_web;
+
+-- Operator (a person's CLI login; pgdispatch_admin is a member): submit, the operator
+-- actions, an expiry pass. pgd_authorize makes the login the actor.
+GRANT EXECUTE ON FUNCTION pgd_submit, pgd_pause_project, pgd_resume_project, pgd_approve_job,
+                          pgd_cancel_job, pgd_retry_job, pgd_resolve_target
+    TO pgdispatch_operator, pgdispatch_web;
+GRANT EXECUTE ON FUNCTION pgd_expire_one TO pgdispatch_operator;
+
+-- Admin: limits (and, in the console, accounts and tokens). pgd_authorize checks the
+-- console's user is an admin.
+GRANT EXECUTE ON FUNCTION pgd_set_organization_limit, pgd_set_project_limits, pgd_set_pool_slots
+    TO pgdispatch_admin, pgdispatch_web;

@@ -1,0 +1,238 @@
+"""Least privilege in the database itself: connected as a login of each group role
+(sql/roles.sql, sql/grants.sql), PostgreSQL refuses every statement the role may not send,
+and each role can still do its work. Roles are cluster-wide, so the logins are made once
+per session on the shared test server (``db login`` is idempotent); grants are per
+database, so the over-privileged variant is applied to a database of its own."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import psycopg
+import pytest
+
+from pgdispatch.sql import Forbidden, db, explain, limits, reads, roles, transitions
+
+from ..conftest import with_database
+from ..e2e.test_scheduler_e2e import Schedulers, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUPS = ("scheduler", "web", "reader", "operator", "admin")
+PASSWORD = secrets.token_urlsafe(16)
+
+
+def login_url(url: str, user: str, password: str = PASSWORD) -> str:
+    """``url`` with another user and password."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, f"{quote(user)}:{quote(password)}@{host}", parts.path,
+                       parts.query, parts.fragment))
+
+
+@pytest.fixture(scope="session")
+def logins(server_url, template_url) -> dict[str, str]:
+    """One LOGIN role per group, ``pgd_test_<group>``: {group: name}."""
+    made = {}
+    for kind in GROUPS:
+        name = f"pgd_test_{kind}"
+        roles.set_login(server_url, name=name, kind=kind, password=PASSWORD)
+        made[kind] = name
+    return made
+
+
+def _tables(conn) -> list[str]:
+    return [r["tablename"] for r in conn.execute(
+        "SELECT tablename FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename")]
+
+
+def forbidden_statements(conn, kind: str) -> list[str]:
+    """Every statement a login of ``kind`` must not be able to run, on this database."""
+    stmts = ["SELECT password_hash FROM users", "SELECT token_hash FROM api_tokens",
+             "UPDATE users SET role = 'admin'",
+             "INSERT INTO api_tokens (user_id, name, token_hash) SELECT id, 'x', 'y' FROM users",
+             "UPDATE jobs SET command = ARRAY['sh', '-c', 'evil']",
+             "DROP TABLE audit_events", "ALTER TABLE audit_events DISABLE TRIGGER USER",
+             "ALTER TABLE audit_events DISABLE TRIGGER audit_events_immutable",
+             "TRUNCATE audit_events", "DELETE FROM audit_events",
+             "SELECT pgd_audit('x', 'forged', 'project:web', NULL)",
+             "SELECT pgd_release_slots(ARRAY[1::bigint], ARRAY[1::bigint], ARRAY[1::bigint])",
+             "SELECT pgd_authorize('adm', 'admin')",
+             "CREATE TABLE intruder (x int)",
+             "CREATE FUNCTION pgd_intruder() RETURNS int LANGUAGE sql AS 'SELECT 1'"]
+    for t in _tables(conn):
+        column = conn.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
+                              "AND attnum > 0 AND NOT attisdropped AND attidentity = '' AND attgenerated = '' "
+                              "ORDER BY attnum LIMIT 1",
+                              (t,)).fetchone()["attname"]
+        stmts += [f"INSERT INTO {t} DEFAULT VALUES", f'UPDATE {t} SET "{column}" = "{column}"',
+                  f"DELETE FROM {t}", f"TRUNCATE {t}", f"ALTER TABLE {t} OWNER TO CURRENT_USER"]
+        if kind == "scheduler":
+            stmts.append(f"SELECT * FROM {t}")
+    if kind == "scheduler":
+        stmts += ["SELECT pgd_pause_project('web', 'x', NULL)",
+                  "SELECT pgd_set_pool_slots('linux', 0, 1, NULL, NULL)",
+                  "SELECT * FROM pgd_submit('web', 'linux', NULL, ARRAY['true'], 0, 1, 60, 0, "
+                  "false, '{}', NULL, NULL)"]
+    if kind in ("reader", "operator"):
+        stmts += ["SELECT pgd_set_pool_slots('linux', 0, 1, NULL, NULL)"]
+    if kind in ("web", "reader", "operator", "admin"):
+        stmts += ["SELECT * FROM pgd_claim(1, ARRAY[1::bigint], gen_random_uuid(), 30)",
+                  "SELECT pgd_register_runner('r', 'h', 1, ARRAY['linux'], 1)",
+                  "SELECT * FROM pgd_heartbeat(1, 1, 30, NULL)"]
+    return stmts
+
+
+def not_refused(url: str, kind: str) -> list[str]:
+    """The statements of ``forbidden_statements`` that PostgreSQL did not refuse with
+    insufficient privilege (42501), each rolled back whatever happened."""
+    with db.connect(url) as conn:
+        stmts = forbidden_statements(conn, kind)
+        passed = []
+        for stmt in stmts:
+            try:
+                with conn.transaction(force_rollback=True):
+                    conn.execute(stmt)
+            except psycopg.errors.InsufficientPrivilege:
+                continue
+            except psycopg.Error as exc:
+                passed.append(f"{stmt}  [got past the privilege check: {exc.sqlstate}]")
+                continue
+            passed.append(stmt)
+        return passed
+
+
+@pytest.mark.parametrize("kind", GROUPS)
+def test_every_forbidden_statement_is_refused(world, db_url, logins, kind):
+    world.setup(targets=("production",))
+    world.job()
+    world.conn.execute("INSERT INTO users (username, password_hash, role) VALUES ('adm', 'x', 'admin')")
+    assert not_refused(login_url(db_url, logins[kind]), kind) == []
+
+
+@pytest.mark.own_database
+def test_an_over_privileged_scheduler_is_caught(world, db_url, logins):
+    """The check above, against grants.sql with one line too many: it reports the writes."""
+    world.setup()
+    world.job()
+    text = roles.GRANTS_FILE.read_text() + "\nGRANT ALL ON ALL TABLES IN SCHEMA public TO pgdispatch_scheduler;\n"
+    with db.connect(db_url) as conn:
+        conn.execute(text)
+    leaks = not_refused(login_url(db_url, logins["scheduler"]), "scheduler")
+    assert "UPDATE jobs SET command = ARRAY['sh', '-c', 'evil']" in leaks
+    assert "SELECT password_hash FROM users" in leaks
+    assert any(s.startswith("TRUNCATE audit_events") for s in leaks)
+
+
+def test_nobody_logs_in_as_the_owner_and_group_roles_cannot_log_in(conn):
+    rows = conn.execute("SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname = ANY (%s)",
+                        (list(roles.ROLE_NAMES),)).fetchall()
+    assert sorted(r["rolname"] for r in rows) == sorted(roles.ROLE_NAMES)
+    assert not any(r["rolcanlogin"] for r in rows)
+    owners = conn.execute("""SELECT DISTINCT pg_get_userbyid(relowner) AS o FROM pg_class
+                              WHERE relnamespace = 'public'::regnamespace""").fetchall()
+    assert [r["o"] for r in owners] == ["pgdispatch_owner"]
+    definers = conn.execute("""SELECT proname, prosecdef, proconfig FROM pg_proc
+                                WHERE pronamespace = 'public'::regnamespace
+                                  AND has_function_privilege('pgdispatch_scheduler', oid, 'EXECUTE')
+                                      OR has_function_privilege('pgdispatch_web', oid, 'EXECUTE')
+                                      AND pronamespace = 'public'::regnamespace""").fetchall()
+    # what a group may call and is not a plain read helper runs as the owner, path pinned
+    for d in definers:
+        if d["proname"] in ("pgd_organization_running", "pgd_pool_running", "pgd_project_running"):
+            continue
+        assert d["prosecdef"] and d["proconfig"] == ["search_path=public, pg_temp"], d
+
+
+@pytest.mark.own_database
+def test_web_names_only_an_enabled_user_whose_role_allows(world, db_url, logins):
+    world.setup()
+    world.conn.execute("INSERT INTO users (username, password_hash, role, disabled_at) VALUES "
+                       "('view', 'x', 'viewer', NULL), ('op', 'x', 'operator', NULL), "
+                       "('gone', 'x', 'operator', now())")
+    with db.connect(login_url(db_url, logins["web"])) as web:
+        for actor in ("view", "gone", "nobody", None):
+            with pytest.raises(Forbidden):
+                transitions.pause_project(web, project="web", reason="r", actor=actor)
+        with pytest.raises(Forbidden):  # an operator is not an admin
+            limits.set_pool_slots(web, pool="linux", slots=5, expected_slots=100, actor="op")
+        transitions.pause_project(web, project="web", reason="r", actor="op")
+    event = world.conn.execute("SELECT actor, login FROM audit_events WHERE action = 'pause_project'").fetchone()
+    assert event == {"actor": "op", "login": logins["web"]}
+
+
+@pytest.mark.own_database
+def test_a_cli_login_acts_as_itself(world, db_url, logins):
+    world.setup()
+    with db.connect(login_url(db_url, logins["operator"])) as op:
+        with pytest.raises(Forbidden):  # naming another actor
+            transitions.pause_project(op, project="web", reason="r", actor="adm")
+        with pytest.raises(Forbidden):  # an operator may not change limits
+            limits.set_pool_slots(op, pool="linux", slots=5, expected_slots=100, actor=None)
+        transitions.pause_project(op, project="web", reason="r", actor=None)
+    with db.connect(login_url(db_url, logins["admin"])) as adm:
+        limits.set_pool_slots(adm, pool="linux", slots=5, expected_slots=100, actor=None)
+    events = world.conn.execute("SELECT actor, login, action FROM audit_events "
+                                "WHERE action IN ('pause_project', 'set_pool_slots') ORDER BY id").fetchall()
+    assert events == [{"actor": logins["operator"], "login": logins["operator"], "action": "pause_project"},
+                      {"actor": logins["admin"], "login": logins["admin"], "action": "set_pool_slots"}]
+
+
+@pytest.mark.own_database
+def test_the_cli_refuses_a_login_not_in_operator_in_one_line(world, db_url, logins, tmp_path):
+    world.setup()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
+    env["DATABASE_URL"] = login_url(db_url, logins["reader"])
+    out = subprocess.run([sys.executable, "-m", "pgdispatch", "projects", "pause", "web",
+                          "--reason", "x"], env=env, cwd=tmp_path, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: permission denied"), out.stderr
+    assert world.conn.execute("SELECT paused_at FROM projects WHERE name = 'web'").fetchone()["paused_at"] is None
+
+
+@pytest.mark.own_database
+def test_a_scheduler_login_runs_jobs_end_to_end(world, db_url, logins, tmp_path):
+    world.setup()
+    jobs = [world.job(command=["true"])["id"] for _ in range(3)]
+    procs = Schedulers(login_url(db_url, logins["scheduler"]), tmp_path)
+    try:
+        procs.start("runner-a", slots=2)
+        wait_until(lambda: world.conn.execute(
+            "SELECT count(*) = 3 AS done FROM jobs WHERE id = ANY (%s) AND state = 'succeeded'",
+            (jobs,)).fetchone()["done"], what="the jobs to succeed", procs=procs)
+        wait_until(lambda: world.conn.execute("SELECT count(*) AS n FROM queue_summaries")
+                   .fetchone()["n"], what="a queue summary", procs=procs)
+    finally:
+        procs.close()
+    assert "permission denied" not in procs.logs()
+
+
+@pytest.mark.own_database
+def test_web_and_reader_logins_read_what_the_console_shows(world, db_url, logins):
+    world.setup(targets=("production",))
+    job = world.job()["id"]
+    runner = world.runner()
+    world.claim(runner)
+    world.conn.execute("INSERT INTO users (username, password_hash, role) VALUES ('adm', 'x', 'admin')")
+    for kind in ("web", "reader"):
+        with db.connect(login_url(db_url, logins[kind])) as c:
+            assert reads.show_job(c, job_id=job)["id"] == job
+            reads.list_waiting(c)
+            reads.overview(c)
+            reads.list_projects(c)
+            reads.list_targets(c)
+            reads.list_runners(c)
+            reads.list_filter_choices(c)
+            reads.list_recent_jobs(c)
+            reads.list_recent_jobs(c, state="running")
+            explain.explain_job(c, job_id=job)
+            limits.list_limits(c)
+            from pgdispatch.sql import audit
+            audit.list_audit_events(c)
+            c.execute("SELECT * FROM queue_summaries").fetchall()
+            c.execute("SELECT id, username, role, disabled_at FROM users").fetchall()

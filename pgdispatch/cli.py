@@ -53,18 +53,33 @@ class Context:
 
     def __init__(self, settings: Settings):
         self.settings = settings
-        self._url: str | None = None
+        self._urls: dict[str, str] = {}
+        self._is_migrated = False
 
     @property
     def url(self) -> str:
-        """The database URL; the embedded server is started and migrated on first use."""
-        if self._url is None:
-            from pgdispatch.sql import migrate
+        """The database URL of a CLI command: DATABASE_URL, else the embedded server's (started
+        and migrated on first use) as the CLI's own admin login (sql/logins.py)."""
+        from pgdispatch.sql import logins
 
-            self._url = self.server_url
-            if not self.settings.database_url:
-                migrate.upgrade(self._url)
-        return self._url
+        return self.url_as(logins.CLI, "admin")
+
+    def url_as(self, login: str | None, kind: str | None = None) -> str:
+        """DATABASE_URL, else the embedded server's URL for ``login`` (made, in group
+        ``kind``, on first use; None: the server's superuser), after migrating it."""
+        if self.settings.database_url:
+            return self.settings.database_url
+        key = login or ""
+        if key not in self._urls:
+            from pgdispatch.sql import logins, migrate
+
+            server = self.server_url
+            if not self._is_migrated:
+                migrate.upgrade(server)
+                self._is_migrated = True
+            self._urls[key] = server if login is None else logins.ensure_login(
+                server, self.settings.data_dir, login, kind)
+        return self._urls[key]
 
     @property
     def server_url(self) -> str:
@@ -193,8 +208,13 @@ def apply_cmd(obj: Context, path: str, as_json: bool, actor: str | None) -> None
     """Declare organizations, pools, projects, targets and users from a TOML file (idempotent)."""
     from pgdispatch.sql import config
 
+    from pgdispatch.sql import db, logins
+
     text = config.read_config_file(path)  # before connecting: a missing file creates nothing
-    with obj.connect() as conn:
+    # apply writes the tables as their owner: the embedded server's migrator login
+    with db.connect(obj.url_as(logins.MIGRATOR, "migrator"), application_name="pgdispatch-cli",
+                    statement_deadline_seconds=obj.settings.statement_deadline_seconds,
+                    prepare_threshold=obj.settings.prepare_threshold) as conn:
         result = config.apply_config(conn, text, actor=actor or default_actor())
     if as_json:
         emit(result)
@@ -457,7 +477,10 @@ def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | 
 
         # listen before registering the runner: a port in use fails having changed nothing
         watch = Exporter(port=metrics_port, addr=metrics_addr).watch
-    code = scheduler_main.run(obj.settings, database_url=obj.url, pools=list(pools), slots=slots,
+    from pgdispatch.sql import logins
+
+    code = scheduler_main.run(obj.settings, database_url=obj.url_as(logins.runner_login(name), "scheduler"),
+                              pools=list(pools), slots=slots,
                               name=name, grace_seconds=grace_seconds, max_batch=max_batch,
                               listen=listen, listen_url=listen_url or None, watch=watch)
     sys.exit(code)
@@ -473,7 +496,10 @@ def web_cmd(obj: Context, bind: str | None, workers: int) -> None:
     _check_bind(settings.bind)
     logging.getLogger().setLevel(logging.INFO)
     from pgdispatch.webapp import serve
-    serve.serve(settings, database_url=obj.url, bind=settings.bind, workers=workers)
+    # The console still signs users in by reading users.password_hash, which its own login
+    # (logins.WEB) may not: on the embedded server it keeps the superuser until sign-in is
+    # a function (helper "accounts", issue 17).
+    serve.serve(settings, database_url=obj.url_as(None), bind=settings.bind, workers=workers)
 
 
 def _check_bind(bind: str) -> None:

@@ -24,7 +24,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pgdispatch.sql import InvalidInput, PgDispatchError, Settings, config, db, embedded, migrate, transitions
+from pgdispatch.sql import (InvalidInput, PgDispatchError, Settings, config, db, embedded, logins,
+                            migrate, transitions)
 from pgdispatch.sql.queries import Q
 
 log = logging.getLogger("pgdispatch.demo")
@@ -161,11 +162,18 @@ class Demo:
         self.env = {**os.environ, **DEMO_ENV, "DATABASE_URL": self.url,
                     "PGDISPATCH_SECRET_KEY": secret, "PGDISPATCH_DATA_DIR": str(self.settings.data_dir)}
         self._spawn("scheduler-a", "scheduler", "--pool", "linux", "--pool", "macos", "--pool", "deploy",
-                    "--slots", "4", "--name", "demo-a", "--grace-seconds", "5")
+                    "--slots", "4", "--name", "demo-a", "--grace-seconds", "5",
+                    env={"DATABASE_URL": self._runner_url("demo-a")})
         self._spawn("scheduler-b", "scheduler", "--pool", "linux",
-                    "--slots", "3", "--name", "demo-b", "--grace-seconds", "5")
+                    "--slots", "3", "--name", "demo-b", "--grace-seconds", "5",
+                    env={"DATABASE_URL": self._runner_url("demo-b")})
         self._spawn("web", "web", "--bind", self.bind)
         self._wait_for_web(60)
+
+    def _runner_url(self, name: str) -> str:
+        """A demo scheduler's own scheduler login (sql/logins.py): no table privilege."""
+        return logins.ensure_login(self.url, self.settings.data_dir, logins.runner_login(name),
+                                   "scheduler")
 
     def _wait_for_web(self, timeout_seconds: float) -> None:
         deadline = time.monotonic() + timeout_seconds
@@ -229,7 +237,8 @@ class Demo:
         up cleanly (SIGTERM) until next time.
         """
         proc = self._spawn("scheduler-chaos", "scheduler", "--pool", "deploy", "--slots", "1",
-                           "--name", "demo-chaos", env={"PGDISPATCH_CLAIM_INTERVAL_SECONDS": "0.05"})
+                           "--name", "demo-chaos", env={"PGDISPATCH_CLAIM_INTERVAL_SECONDS": "0.05",
+                                                        "DATABASE_URL": self._runner_url("demo-chaos")})
         try:
             with db.connect(self.url, application_name="pgdispatch-demo-chaos") as conn:
                 time.sleep(2)

@@ -236,3 +236,35 @@ def test_web_and_reader_logins_read_what_the_console_shows(world, db_url, logins
             audit.list_audit_events(c)
             c.execute("SELECT * FROM queue_summaries").fetchall()
             c.execute("SELECT id, username, role, disabled_at FROM users").fetchall()
+
+
+def test_the_managed_set_up_works_without_a_superuser(server_url, template_url, tmp_path):
+    """docs/operations.md, "Database roles": a CREATEROLE login that owns the database
+    upgrades it (the schema is then pgdispatch_owner's) and makes the logins. The group
+    roles exist already on the shared test server; the set-up login is given what creating
+    them would have given it (ADMIN on each) and membership in the migrator group."""
+    setup, name = "pgd_test_setup", f"pgd_test_managed_{secrets.token_hex(4)}"
+    with db.connect(server_url) as su:
+        if su.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (setup,)).fetchone() is None:
+            su.execute(f"CREATE ROLE {setup} LOGIN CREATEROLE")
+        for group in roles.ROLE_NAMES:
+            su.execute(f"GRANT {group} TO {setup} WITH ADMIN TRUE, INHERIT FALSE, SET FALSE")
+        su.execute(f"GRANT pgdispatch_migrator TO {setup} WITH INHERIT TRUE, SET TRUE")
+        su.execute(f"CREATE DATABASE {name} OWNER {setup}")
+    try:
+        url = login_url(with_database(server_url, name), setup)
+        from pgdispatch.sql import migrate
+        assert "0003_audit_login" in migrate.upgrade(url)
+        assert roles.set_up(url)["created"] == []
+        roles.set_login(url, name="pgd_test_managed_web", kind="web", password=PASSWORD)
+        with db.connect(with_database(server_url, name)) as su:
+            owners = su.execute("SELECT DISTINCT pg_get_userbyid(relowner) AS o FROM pg_class "
+                                "WHERE relnamespace = 'public'::regnamespace").fetchall()
+            assert [r["o"] for r in owners] == ["pgdispatch_owner"]
+        with db.connect(login_url(with_database(server_url, name), "pgd_test_managed_web")) as web:
+            reads.overview(web)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                web.execute("SELECT password_hash FROM users")
+    finally:
+        with db.connect(server_url) as su:
+            su.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -20,6 +20,7 @@ from pgdispatch.sql import Forbidden, db, explain, limits, reads, roles, transit
 
 from ..conftest import with_database
 from ..e2e.test_scheduler_e2e import Schedulers, wait_until
+from ..variants import variant_sql
 
 ROOT = Path(__file__).resolve().parents[2]
 GROUPS = ("scheduler", "web", "reader", "operator", "admin")
@@ -148,30 +149,71 @@ def test_nobody_logs_in_as_the_owner_and_group_roles_cannot_log_in(conn):
         assert d["prosecdef"] and d["proconfig"] == ["search_path=public, pg_temp"], d
 
 
+def actors_not_refused(db_url: str, logins: dict[str, str]) -> list[str]:
+    """Who a web login or an operator's CLI login could act as, of those it must not: a
+    viewer, a disabled operator, an unknown user, nobody (web); another user, a limit change
+    (operator). Each try rolled back."""
+    got = []
+    with db.connect(login_url(db_url, logins["web"])) as web:
+        for actor in ("view", "gone", "nobody", None):
+            try:
+                with web.transaction(force_rollback=True):
+                    transitions.pause_project(web, project="web", reason="r", actor=actor)
+                got.append(f"web as {actor}")
+            except Forbidden:
+                pass
+        try:
+            with web.transaction(force_rollback=True):  # an operator is not an admin
+                limits.set_pool_slots(web, pool="linux", slots=5, expected_slots=100, actor="op")
+            got.append("web: op changes a limit")
+        except Forbidden:
+            pass
+    with db.connect(login_url(db_url, logins["operator"])) as op:
+        try:
+            with op.transaction(force_rollback=True):
+                transitions.pause_project(op, project="web", reason="r", actor="adm")
+            got.append("operator login as adm")
+        except Forbidden:
+            pass
+    return got
+
+
+def _users(conn) -> None:
+    conn.execute("INSERT INTO users (username, password_hash, role, disabled_at) VALUES "
+                 "('view', 'x', 'viewer', NULL), ('op', 'x', 'operator', NULL), "
+                 "('adm', 'x', 'admin', NULL), ('gone', 'x', 'operator', now())")
+
+
 @pytest.mark.own_database
 def test_web_names_only_an_enabled_user_whose_role_allows(world, db_url, logins):
     world.setup()
-    world.conn.execute("INSERT INTO users (username, password_hash, role, disabled_at) VALUES "
-                       "('view', 'x', 'viewer', NULL), ('op', 'x', 'operator', NULL), "
-                       "('gone', 'x', 'operator', now())")
+    _users(world.conn)
+    assert actors_not_refused(db_url, logins) == []
     with db.connect(login_url(db_url, logins["web"])) as web:
-        for actor in ("view", "gone", "nobody", None):
-            with pytest.raises(Forbidden):
-                transitions.pause_project(web, project="web", reason="r", actor=actor)
-        with pytest.raises(Forbidden):  # an operator is not an admin
-            limits.set_pool_slots(web, pool="linux", slots=5, expected_slots=100, actor="op")
         transitions.pause_project(web, project="web", reason="r", actor="op")
     event = world.conn.execute("SELECT actor, login FROM audit_events WHERE action = 'pause_project'").fetchone()
     assert event == {"actor": "op", "login": logins["web"]}
 
 
 @pytest.mark.own_database
+def test_a_pgd_authorize_that_believes_its_caller_is_caught(world, db_url, logins):
+    """The check above against a pgd_authorize that believes whatever actor it is given
+    (the rule before issue 17): it reports every forged actor."""
+    world.setup()
+    _users(world.conn)
+    world.conn.execute(variant_sql(world.conn, "pgd_authorize", [(
+        "    p_actor := nullif(btrim(p_actor), '');\n",
+        "    p_actor := nullif(btrim(p_actor), '');\n    RETURN coalesce(p_actor, v_login);\n")]))
+    assert actors_not_refused(db_url, logins) == [
+        "web as view", "web as gone", "web as nobody", "web as None",
+        "web: op changes a limit", "operator login as adm"]
+
+
+@pytest.mark.own_database
 def test_a_cli_login_acts_as_itself(world, db_url, logins):
     world.setup()
     with db.connect(login_url(db_url, logins["operator"])) as op:
-        with pytest.raises(Forbidden):  # naming another actor
-            transitions.pause_project(op, project="web", reason="r", actor="adm")
-        with pytest.raises(Forbidden):  # an operator may not change limits
+        with pytest.raises(Forbidden):  # an operator may not change limits (no EXECUTE)
             limits.set_pool_slots(op, pool="linux", slots=5, expected_slots=100, actor=None)
         transitions.pause_project(op, project="web", reason="r", actor=None)
     with db.connect(login_url(db_url, logins["admin"])) as adm:
@@ -268,3 +310,43 @@ def test_the_managed_set_up_works_without_a_superuser(server_url, template_url, 
     finally:
         with db.connect(server_url) as su:
             su.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def _cli(url: str, cwd: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
+    env.update(DATABASE_URL=url, **env_extra)
+    return subprocess.run([sys.executable, "-m", "pgdispatch", *args], env=env, cwd=cwd,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("args, env", [
+    (("db", "login", "pgd_test_cli_x", "--role", "root", "--password-env", "PW"), {"PW": "x"}),
+    (("db", "login", "Bad-Name", "--role", "web", "--password-env", "PW"), {"PW": "x"}),
+    (("db", "login", "pg_monitorx", "--role", "web", "--password-env", "PW"), {"PW": "x"}),
+    (("db", "login", "pgdispatch_owner", "--role", "web", "--password-env", "PW"), {"PW": "x"}),
+    (("db", "login", "postgres", "--role", "web", "--password-env", "PW"), {"PW": "x"}),
+    (("db", "login", "pgd_test_cli_x", "--role", "web", "--password-env", "UNSET_PW"), {}),
+    (("db", "login", "pgd_test_cli_x", "--role", "web", "--password-env", "PW"), {"PW": ""}),
+    (("db", "login", "pgd_test_cli_x", "--role", "web", "--password", "x"), {}),
+])
+def test_db_login_refuses_bad_input_in_one_line(db_url, tmp_path, args, env):
+    out = _cli(db_url, tmp_path, *args, **env)
+    assert out.returncode in (2, 4) and out.stderr.count("\n") == 1, out.stderr
+    with db.connect(db_url) as conn:
+        assert conn.execute("SELECT 1 FROM pg_roles WHERE rolname = 'pgd_test_cli_x'").fetchone() is None
+        assert conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = 'postgres'").fetchone()["rolsuper"]
+
+
+def test_db_roles_and_db_login_make_a_login_of_one_group(db_url, tmp_path):
+    roles_out = _cli(db_url, tmp_path, "db", "roles", "--json")
+    assert roles_out.returncode == 0, roles_out.stderr
+    for kind in ("reader", "web"):  # moved from one group to the other
+        out = _cli(db_url, tmp_path, "db", "login", "pgd_test_cli_moved", "--role", kind,
+                   "--password-env", "PW", PW=PASSWORD)
+        assert out.returncode == 0, out.stderr
+    with db.connect(db_url) as conn:
+        groups = conn.execute("""SELECT g.rolname FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid
+                                  WHERE m.member = 'pgd_test_cli_moved'::regrole""").fetchall()
+        verifier = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = 'pgd_test_cli_moved'").fetchone()
+    assert [g["rolname"] for g in groups] == ["pgdispatch_web"]
+    assert verifier["rolpassword"].startswith("SCRAM-SHA-256$")

@@ -4,7 +4,7 @@ Every command honours DATABASE_URL, else the embedded server in ./.pgdispatch/ (
 migrated on first use, which it says on stderr). Commands that report data print JSON
 (``--json`` where the default is text). On bad input a command prints one line on stderr,
 changes nothing, and exits non-zero:
-2 usage or invalid input, 3 not found, 4 conflict (already resolved, fenced out),
+2 usage, invalid input or forbidden (the database refused this identity), 3 not found, 4 conflict (already resolved, fenced out),
 5 database unavailable, 1 anything else.
 """
 
@@ -23,11 +23,11 @@ from typing import Any
 
 import click
 
-from pgdispatch.sql import (Conflict, DatabaseUnavailable, FencedOut, IncompatibleDatabase, InvalidInput,
-                 NotFound, PgDispatchError, Settings)
+from pgdispatch.sql import (Conflict, DatabaseUnavailable, FencedOut, Forbidden, IncompatibleDatabase,
+                 InvalidInput, NotFound, PgDispatchError, Settings)
 from pgdispatch.sql.validate import JOB_STATES, MAX_BATCH_LIMIT
 
-EXIT_CODES = {InvalidInput: 2, NotFound: 3, Conflict: 4, FencedOut: 4, DatabaseUnavailable: 5,
+EXIT_CODES = {InvalidInput: 2, Forbidden: 2, NotFound: 3, Conflict: 4, FencedOut: 4, DatabaseUnavailable: 5,
               IncompatibleDatabase: 6}
 
 

@@ -8,9 +8,9 @@ and exposes thin typed functions. ``webapp`` and ``scheduler`` call these and ne
 psycopg themselves.
 """
 
-from .errors import (AlreadyResolved, Conflict, DatabaseUnavailable, FencedOut,
+from .errors import (AlreadyResolved, Conflict, DatabaseUnavailable, FencedOut, Forbidden,
                      IncompatibleDatabase, InvalidInput, NotFound, PgDispatchError)
 from .settings import Settings
 
-__all__ = ["AlreadyResolved", "Conflict", "DatabaseUnavailable", "FencedOut",
+__all__ = ["AlreadyResolved", "Conflict", "DatabaseUnavailable", "FencedOut", "Forbidden",
            "IncompatibleDatabase", "InvalidInput", "NotFound", "PgDispatchError", "Settings"]

@@ -7,7 +7,8 @@ SELECT * FROM pgd_claim(:runner_id, CAST(:pool_ids AS bigint[]), CAST(:claim_tok
 SELECT * FROM pgd_recover_claims(CAST(:claim_tokens AS uuid[]), :runner_id);
 
 -- name: heartbeat^
--- Heartbeat: extend the lease only if the attempt still runs with this generation; no row = fenced out.
+-- Heartbeat: extend the lease only if the attempt still runs with this generation, for its
+-- runner's own login, still granted the job's pool (pgd_runner_holds_grant); no row = fenced out.
 -- Locks only the attempt row (last in lock order).
 UPDATE attempts a
    SET lease_expires_at = clock_timestamp() + make_interval(secs => :lease_seconds),
@@ -16,6 +17,7 @@ UPDATE attempts a
   FROM jobs j
  WHERE a.id = :attempt_id AND a.generation = :generation AND a.state = 'running'
    AND j.id = a.job_id
+   AND pgd_runner_holds_grant(a.runner_id, j.pool_id)
 RETURNING a.lease_expires_at, j.cancel_requested_at IS NOT NULL AS is_cancel_requested;
 
 -- name: complete$

@@ -130,10 +130,10 @@ BEGIN
         v_role := pgd_actor_role(p_actor);
         IF coalesce(array_position(ARRAY['viewer', 'operator', 'admin'], v_role), 0)
            < array_position(ARRAY['viewer', 'operator', 'admin'], t.approver_role) THEN
-            RAISE EXCEPTION 'target % requires approval by %; % is %',
+            RAISE EXCEPTION 'target % requires approval by %; % %',
                 t.name, CASE t.approver_role WHEN 'admin' THEN 'an admin' ELSE 'an operator' END,
-                p_actor, coalesce(CASE v_role WHEN 'admin' THEN 'an admin' WHEN 'operator' THEN 'an operator'
-                                              ELSE 'a viewer' END, 'neither (no role)')
+                p_actor, CASE v_role WHEN 'admin' THEN 'is an admin' WHEN 'operator' THEN 'is an operator'
+                                     WHEN 'viewer' THEN 'is a viewer' ELSE 'has no role' END
                 USING ERRCODE = 'PD403';
         END IF;
     END IF;

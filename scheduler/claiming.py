@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from pgdispatch.sql import DatabaseUnavailable, FencedOut, Settings, transitions
+from pgdispatch.sql import DatabaseUnavailable, FencedOut, Forbidden, Settings, transitions
 from pgdispatch.sql.db import checkout
 from pgdispatch.sql.transitions import Claim
 from pgdispatch.sql.validate import check_max_batch
@@ -153,6 +153,11 @@ class Claimer:
             if not answered:
                 raise  # the tokens stay pending: the next run asks whether they committed
             # answered, then the connection failed on its way back to the pool: still ours
+        except Forbidden:
+            # refused before anything was taken (a revoked grant or login: sql/functions/
+            # claim.sql): the tokens are void, and this host claims nothing until granted again
+            self._pending.remove(tokens)
+            raise
         # The lease runs, for the self-fencing clock, from when the claim was sent. A claim
         # that waited long for its answer (a lock, a pooler's queue) would start a command the
         # scheduler must kill moments later — a deployment then left uncertain for nothing:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from pgdispatch.sql import DatabaseUnavailable
+from pgdispatch.sql import DatabaseUnavailable, Forbidden
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,9 @@ class Periodic:
             self.fn()
         except DatabaseUnavailable as exc:
             self._failed(f"database unavailable: {exc}")
+        except Forbidden as exc:
+            # the server refuses this host (a revoked grant or login): not a bug, no traceback
+            self._failed(f"refused by the database: {exc}")
         except Exception as exc:
             log.exception("%s failed", self.name)
             self._failed(f"{type(exc).__name__}: {exc}")

@@ -1,4 +1,5 @@
-"""``pgdispatch apply FILE.toml``: declare organizations, pools, projects, targets and users.
+"""``pgdispatch apply FILE.toml``: declare organizations, pools, projects, targets, runner hosts'
+pool grants and users.
 
 The file is validated whole before anything is written, then applied in one transaction:
 idempotent (applying the same file twice changes nothing) and all-or-nothing.
@@ -19,7 +20,9 @@ from .queries import Q
 from .accounts import ROLES, hash_password, verify_password
 from .validate import _shown, check_int, check_text
 
-SECTIONS = ("organizations", "pools", "projects", "targets", "users")
+SECTIONS = ("organizations", "pools", "projects", "targets", "runners", "users")
+# who may approve a deployment to a protected target (targets.approver_role)
+APPROVER_ROLES = ("operator", "admin")
 # The names the tables' CHECKs accept (sql/schema.sql): checked here first, so that a bad
 # name is refused with its entry named instead of with the constraint's name.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
@@ -39,15 +42,16 @@ def _entries(doc: dict[str, Any], section: str, allowed: set[str], required: set
         missing = required - set(entry)
         if missing:
             raise InvalidInput(f"{where}: missing key {sorted(missing)[0]!r}")
-        for k in ("name", "username", "organization", "role", "password_env"):
+        for k in ("name", "username", "login", "organization", "role", "password_env", "approver_role"):
             if k in entry and not isinstance(entry[k], str):
                 raise InvalidInput(f"{where}: {k} must be a string")
         for k, pattern, allowed_chars in (("name", NAME_RE, "letters, digits, '_', '.', '-'"),
-                                          ("username", USERNAME_RE, "letters, digits, '_', '.', '@', '-'")):
+                                          ("username", USERNAME_RE, "letters, digits, '_', '.', '@', '-'"),
+                                          ("login", USERNAME_RE, "letters, digits, '_', '.', '@', '-'")):
             if k in entry and not pattern.fullmatch(entry[k]):
                 raise InvalidInput(f"{where}: {k} {_shown(entry[k])} is not allowed: 1 to 63 of "
                                    f"{allowed_chars}, starting with a letter or digit")
-        key = entry.get("name", entry.get("username"))
+        key = entry.get("name", entry.get("username", entry.get("login")))
         if key in seen:
             raise InvalidInput(f"{where}: {key!r} is declared twice")
         seen.add(key)
@@ -76,7 +80,10 @@ def load_config(text: str, env: dict[str, str] | None = None) -> dict[str, list[
     pools = _entries(doc, "pools", {"name", "slots"}, {"name", "slots"})
     projects = _entries(doc, "projects", {"name", "organization", "pools", "weight", "max_running"},
                         {"name", "organization"})
-    targets = _entries(doc, "targets", {"name"}, {"name"})
+    targets = _entries(doc, "targets", {"name", "requires_approval", "approver_role"}, {"name"})
+    # None: the file says nothing of runner hosts, and their grants stay as they are
+    runners = (_entries(doc, "runners", {"login", "pools"}, {"login", "pools"})
+               if "runners" in doc else None)
     users = _entries(doc, "users", {"username", "role", "password_env"},
                      {"username", "role", "password_env"})
     for e in orgs:
@@ -100,6 +107,19 @@ def load_config(text: str, env: dict[str, str] | None = None) -> dict[str, list[
             check_text(f"project {e['name']} pool", p, max_len=63)
     for e in targets:
         check_text("target name", e["name"], max_len=63)
+        if not isinstance(e.setdefault("requires_approval", False), bool):
+            raise InvalidInput(f"target {e['name']}: requires_approval must be true or false")
+        if "approver_role" in e and not e["requires_approval"]:
+            raise InvalidInput(f"target {e['name']}: approver_role needs requires_approval = true")
+        e.setdefault("approver_role", "operator")
+        if e["approver_role"] not in APPROVER_ROLES:
+            raise InvalidInput(f"target {e['name']}: approver_role must be one of {', '.join(APPROVER_ROLES)}")
+    for e in runners or []:
+        if not isinstance(e["pools"], list) or not all(isinstance(p, str) for p in e["pools"]):
+            raise InvalidInput(f"runner login {e['login']}: pools must be a list of pool names")
+        for p in e["pools"]:
+            check_text(f"runner login {e['login']} pool", p, max_len=63)
+        e["pools"] = sorted(set(e["pools"]))
     out_users = []
     for e in users:
         check_text("username", e["username"], max_len=63)
@@ -112,7 +132,7 @@ def load_config(text: str, env: dict[str, str] | None = None) -> dict[str, list[
             raise InvalidInput(f"user {e['username']}: password must be at least 8 characters")
         out_users.append({"username": e["username"], "role": e["role"], "password": password})
     return {"organizations": orgs, "pools": pools, "projects": projects, "targets": targets,
-            "users": out_users}
+            "runners": runners, "users": out_users}
 
 
 def _apply(conn, cfg: dict[str, list[dict]], actor: str | None) -> dict[str, int]:
@@ -136,9 +156,17 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str | None) -> dict[str, int
     # Targets first: inserting a target name waits for any transaction that has just updated
     # that target (claims, completions, expiry of deployments), and those go on to lock the
     # project; holding a project meanwhile would close a cycle (found by a stress run).
+    for r in cfg["runners"] or []:
+        for pool in r["pools"]:
+            if pool not in pool_names:
+                raise InvalidInput(f"runner login {r['login']}: unknown pool {pool}")
     changed = 0
     for t in sorted(cfg["targets"], key=lambda e: e["name"]):
-        changed += Q.upsert_target(conn, name=t["name"])
+        changed += Q.upsert_target(conn, name=t["name"], requires_approval=t["requires_approval"],
+                                   approver_role=t["approver_role"])
+        # only a changed rule writes (and so locks) an existing target
+        changed += Q.set_target_rule(conn, name=t["name"], requires_approval=t["requires_approval"],
+                                     approver_role=t["approver_role"])
     # Then the existing rows are locked, in the documented lock order (projects, then
     # organizations, then pools, each kind by id), because an upsert locks its row even when
     # nothing changes; upserting in another order deadlocks against claims and completions.
@@ -163,13 +191,21 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str | None) -> dict[str, int
     for p in projects:
         changed += Q.set_project_pools(conn, project=p["name"], pools=p["pools"])
         changed += Q.revoke_other_pools(conn, project=p["name"], pools=p["pools"])
+    if cfg["runners"] is not None:
+        # A [[runners]] section is the whole truth about runner hosts: exactly these pools for
+        # these logins, and none for a login it does not name. Claims only read the grants
+        # and check them on every claim and heartbeat: a revocation takes effect at commit.
+        for r in sorted(cfg["runners"], key=lambda e: e["login"]):
+            changed += Q.grant_runner_pools(conn, login=r["login"], pools=r["pools"])
+            changed += Q.revoke_other_runner_pools(conn, login=r["login"], pools=r["pools"])
+        changed += Q.revoke_undeclared_runner_logins(conn, logins=[r["login"] for r in cfg["runners"]])
     for u in cfg["users"]:
         existing = Q.get_user(conn, username=u["username"])
         if existing and existing["role"] == u["role"] and verify_password(existing["password_hash"], u["password"]):
             continue
         changed += Q.upsert_user(conn, username=u["username"], role=u["role"],
                                  password_hash=hash_password(u["password"]))
-    counts = {k: len(v) for k, v in cfg.items()}
+    counts = {k: len(v) for k, v in cfg.items() if v is not None}
     if changed:
         import json
         Q.record_event(conn, actor=actor, action="apply_config", subject="config", reason=None,

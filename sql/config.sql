@@ -36,8 +36,39 @@ DELETE FROM project_pools pp USING projects p, pools q
    AND NOT (q.name = ANY (CAST(:pools AS text[])));
 
 -- name: upsert_target!
--- Declare a deployment target (idempotent by name; a new target is free).
-INSERT INTO targets (name) VALUES (:name) ON CONFLICT (name) DO NOTHING;
+-- Declare a deployment target (idempotent by name; a new target is free), with its approval
+-- rule; an existing target is left alone here (set_target_rule changes its rule).
+INSERT INTO targets (name, requires_approval, approver_role)
+VALUES (:name, :requires_approval, :approver_role)
+ON CONFLICT (name) DO NOTHING;
+
+-- name: set_target_rule!
+-- A target's approval rule as declared; writes (and locks) the row only when it changed. The
+-- rule applies to deployments submitted after it (their blocked state is kept on the job).
+UPDATE targets SET requires_approval = :requires_approval, approver_role = :approver_role
+ WHERE name = :name
+   AND (requires_approval, approver_role) IS DISTINCT FROM (:requires_approval, :approver_role);
+
+-- name: grant_runner_pools!
+-- Grant exactly these pools to a runner host's login: add the missing grants.
+INSERT INTO runner_grants (login, pool_id)
+SELECT :login, q.id FROM pools q WHERE q.name = ANY (CAST(:pools AS text[]))
+ON CONFLICT DO NOTHING;
+
+-- name: revoke_other_runner_pools!
+-- Grant exactly these pools to a runner host's login: remove grants not listed.
+DELETE FROM runner_grants g USING pools q
+ WHERE g.pool_id = q.id AND g.login = :login AND NOT (q.name = ANY (CAST(:pools AS text[])));
+
+-- name: revoke_undeclared_runner_logins!
+-- A [[runners]] section names every runner host: logins it does not name lose every grant.
+DELETE FROM runner_grants WHERE NOT (login = ANY (CAST(:logins AS text[])));
+
+-- name: list_runner_grants
+-- Every runner host login's granted pools, by login. Read-only.
+SELECT g.login, array_agg(q.name ORDER BY q.name) AS pools
+  FROM runner_grants g JOIN pools q ON q.id = g.pool_id
+ GROUP BY g.login ORDER BY g.login;
 
 -- name: lock_declared_projects
 -- Lock the existing projects a config names, by id: the first rows of the lock order

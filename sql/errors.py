@@ -29,6 +29,14 @@ class NotFound(PgDispatchError):
     http_status = 404
 
 
+class Forbidden(PgDispatchError):
+    """The database refused the action to this identity (SQLSTATE PD403): a runner host's login
+    not granted the pool, a runner of another login, an approver the target's rule does not
+    allow; the message names the identity and the rule. Nothing was changed."""
+
+    http_status = 403
+
+
 class Conflict(PgDispatchError):
     """The entity is not in the state the action expects (SQLSTATE PD409)."""
 
@@ -121,6 +129,8 @@ def translate(exc: BaseException) -> BaseException:
     if state is None and isinstance(exc, psycopg.DataError) and "NUL" in message:
         # raised by psycopg itself while adapting a parameter: text cannot hold NUL bytes
         return InvalidInput("text must not contain NUL bytes")
+    if state == "PD403":
+        return Forbidden(message)
     if state == "PD404":
         return NotFound(message)
     if state in ("PD403", "42501"):

@@ -50,6 +50,8 @@ class World:
     live_pools: set[int]
     # pool id -> (slots of its live runners, how many of them are free)
     runner_slots: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    # pool id -> logins of live runners that ask for it without its grant
+    ungranted_logins: dict[int, list[str]] = dataclasses.field(default_factory=dict)
 
 
 def _hhmm(ts: dt.datetime | None) -> str:
@@ -71,8 +73,11 @@ def read_world(conn, *, live_seconds: float = 90.0) -> World:
         pools={r["id"]: r for r in Q.list_pools(conn)},
         targets={r["id"]: r for r in Q.list_targets(conn)},
         grants={(r["project_id"], r["pool_id"]) for r in Q.list_grants(conn)},
-        live_pools={r["pool_id"] for r in live},
-        runner_slots={r["pool_id"]: (r["runner_slots"], r["free_runner_slots"]) for r in live},
+        live_pools={r["pool_id"] for r in live if r["runner_slots"] > 0},
+        runner_slots={r["pool_id"]: (r["runner_slots"], r["free_runner_slots"])
+                      for r in live if r["runner_slots"] > 0},
+        ungranted_logins={r["pool_id"]: list(r["ungranted_logins"]) for r in live
+                          if r["ungranted_logins"]},
     )
 
 
@@ -109,7 +114,16 @@ def reasons_for(job: dict[str, Any], world: World,
                           {"pending": job["pending_dependencies"],
                            "jobs": [d["id"] for d in (pending or [])]}))
     if job.get("requires_approval") and job.get("approved_at") is None:
-        out.append(Reason("approval_required", "waiting for an operator's approval"))
+        submitter = job.get("submitted_by")
+        if target is not None and target.get("requires_approval"):
+            role = target.get("approver_role") or "operator"
+            msg = (f"target {target['name']} requires approval by {'an' if role[0] in 'aeiou' else 'a'} "
+                   f"{role}; submitted by {submitter}")
+            details = {"target": target["name"], "approver_role": role, "submitted_by": submitter}
+        else:
+            msg = f"waiting for an operator's approval (asked for at submission by {submitter})"
+            details = {"target": None, "approver_role": "operator", "submitted_by": submitter}
+        out.append(Reason("approval_required", msg, details))
     if project["paused_at"] is not None:
         out.append(Reason("project_paused",
                           f"project {project['name']} paused by {project['paused_by']} at "
@@ -130,8 +144,17 @@ def reasons_for(job: dict[str, Any], world: World,
                           f"project {project['name']} is not granted pool {pool['name']}",
                           {"project": project["name"], "pool": pool["name"]}))
     elif job["pool_id"] not in world.live_pools:
-        out.append(Reason("no_authorized_runner", f"no live runner serves pool {pool['name']}",
-                          {"pool": pool["name"]}))
+        asking = world.ungranted_logins.get(job["pool_id"], [])
+        if asking:
+            # a host asks for the pool but the server does not grant it (sql/functions/claim.sql)
+            out.append(Reason("no_authorized_runner",
+                              f"no live runner is granted pool {pool['name']} (asked for by "
+                              f"login{'s' if len(asking) > 1 else ''} {', '.join(asking)}, "
+                              f"not granted it)",
+                              {"pool": pool["name"], "ungranted_logins": asking}))
+        else:
+            out.append(Reason("no_authorized_runner", f"no live runner serves pool {pool['name']}",
+                              {"pool": pool["name"], "ungranted_logins": []}))
     if org["running"] >= org["max_running"]:
         out.append(Reason("capacity_organization",
                           f"organization {org['name']}: {org['running']} of {org['max_running']} running",

@@ -28,7 +28,7 @@ GRANT EXECUTE ON FUNCTION pgd_register_runner, pgd_beat_runner, pgd_stop_runner,
 -- shows, never a secret: users without password_hash, api_tokens without token_hash.
 GRANT SELECT ON organizations, pools, projects, project_pools, runners, targets, jobs,
                 job_dependencies, attempts, audit_events, queue_summaries, capacity_stripes,
-                capacity_debts
+                capacity_debts, runner_grants
     TO pgdispatch_reader, pgdispatch_web;
 GRANT SELECT (id, username, role, created_at, disabled_at) ON users
     TO pgdispatch_reader, pgdispatch_web;
@@ -37,6 +37,10 @@ GRANT SELECT (id, user_id, name, created_at, last_used_at, revoked_at) ON api_to
 -- the running counts the lists show (plain SQL functions over capacity_stripes and jobs,
 -- inlined into the reads)
 GRANT EXECUTE ON FUNCTION pgd_organization_running, pgd_pool_running, pgd_project_running
+    TO pgdispatch_reader, pgdispatch_web;
+-- which pools a runner host's login is granted, for the runners page and jobs explain (plain
+-- SQL functions over runner_grants and pg_roles: they reveal no secret)
+GRANT EXECUTE ON FUNCTION pgd_runner_login_pools, pgd_login_is_unbound, pgd_login_may_run
     TO pgdispatch_reader, pgdispatch_web;
 
 -- Operator (a person's CLI login; pgdispatch_admin is a member): submit, the operator

@@ -39,7 +39,7 @@ SELECT pgd_retry_job(:job_id, :reason, :actor);
 
 -- name: list_waiting_jobs
 -- Jobs not running and not finished, oldest first, keyset-paginated by id, with optional filters.
-SELECT j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval, j.approved_at,
+SELECT j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval, j.approved_at, j.submitted_by,
        j.pending_dependencies, j.failures, j.max_attempts, j.target_id, j.pool_id, j.project_id,
        j.command, p.name AS project, o.id AS organization_id, o.name AS organization,
        q.name AS pool, t.name AS target

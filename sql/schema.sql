@@ -58,9 +58,25 @@ CREATE TABLE runners (
     started_at        timestamptz NOT NULL DEFAULT now(),
     last_heartbeat_at timestamptz NOT NULL DEFAULT now(),
     draining          boolean NOT NULL DEFAULT false,
-    stopped_at        timestamptz
+    stopped_at        timestamptz,
+    -- the database login that registered it: only that login may claim, heartbeat and
+    -- report as this runner, and only from the pools runner_grants gives it
+    -- (sql/functions/claim.sql, "Runner grants")
+    login             text NOT NULL DEFAULT session_user
 );
 CREATE INDEX runners_live_idx ON runners (last_heartbeat_at) WHERE stopped_at IS NULL;
+CREATE INDEX runners_login_idx ON runners (login) WHERE stopped_at IS NULL;
+
+-- The pools each runner host's login may register for and claim from, as `apply` declares
+-- them ([[runners]]); a login with no row may take nothing (unless it is a superuser or a
+-- member of pgdispatch_owner: sql/functions/claim.sql). No foreign key to pg_roles: a grant
+-- may be declared before its login is created.
+CREATE TABLE runner_grants (
+    login   text NOT NULL CHECK (length(login) BETWEEN 1 AND 63),
+    pool_id bigint NOT NULL REFERENCES pools (id),
+    PRIMARY KEY (login, pool_id)
+);
+CREATE INDEX runner_grants_pool_idx ON runner_grants (pool_id);
 
 CREATE TABLE users (
     id            bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -90,6 +106,10 @@ CREATE TABLE targets (
     holder_job_id bigint,
     held_since    timestamptz,
     created_at    timestamptz NOT NULL DEFAULT now(),
+    -- a protected target: every deployment to it waits for an approval, by a user (or a
+    -- database login) of at least approver_role who did not submit it (pgd_approve_job)
+    requires_approval boolean NOT NULL DEFAULT false,
+    approver_role text NOT NULL DEFAULT 'operator' CHECK (approver_role IN ('operator', 'admin')),
     CHECK ((state = 'free') = (holder_job_id IS NULL)),
     CHECK ((state = 'free') = (held_since IS NULL))
 ) WITH (fillfactor = 50);

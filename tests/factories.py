@@ -71,7 +71,7 @@ class World:
                                     **kw)
 
     def row(self, table: str, id_: int) -> dict[str, Any]:
-        assert table in {"jobs", "targets", "attempts", "projects", "organizations", "pools"}
+        assert table in {"jobs", "targets", "attempts", "projects", "organizations", "pools", "runners"}
         return self.conn.execute(f"SELECT * FROM {table} WHERE id = %s", (id_,)).fetchone()
 
     def counters(self) -> dict[str, int]:

@@ -44,7 +44,8 @@
 -- lost and the recovery runs at the client's next claim round -- longer than any TCP
 -- retransmission, pooler queue or keepalive lets a request wait.
 --
--- SQLSTATEs raised: PD404 unknown runner, PD422 bad lease, batch size or tokens, PD409 a
+-- SQLSTATEs raised: PD403 a pool not granted to the runner's login, a runner of another
+-- login, a login that may no longer run (below, "Runner grants"), PD404 unknown runner, PD422 bad lease, batch size or tokens, PD409 a
 -- claim token voided by a recovery (or a claim past its age), 0A000 a claim or a recovery
 -- outside READ COMMITTED. PDSKP is private: "this candidate lost a race, try the next one".
 
@@ -94,6 +95,140 @@ BEGIN
             clock_timestamp() - statement_timestamp(), pgd_claim_max_age() USING ERRCODE = 'PD409';
     END IF;
 END;
+$$;
+
+-- Runner grants. A runner host is a database login: the server, not the command line,
+-- decides which pools it may take. `apply` declares them ([[runners]] login = ..., pools =
+-- [...]) into runner_grants; a runner row records the login that registered it
+-- (runners.login, DEFAULT session_user: the login of the connection, which SECURITY DEFINER
+-- does not change). A bound login may register only for pools granted to it, and only that
+-- login may claim, heartbeat, report or recover as the runner; a claim, a heartbeat and a
+-- report check the grant again, so that revoking it (an `apply` without it, ALTER ROLE ...
+-- NOLOGIN, or dropping the login from pgdispatch_scheduler) stops the host at once: its
+-- claims are refused (PD403), its heartbeats answer "fenced" and its reports are fenced
+-- (PDF01), so its running attempts end as a lost runner's do, by lease expiry.
+-- Unbound: a superuser or a member of pgdispatch_owner (tests, maintenance, the embedded
+-- demo); it may take every pool, and act for any runner (with that runner's grants).
+
+-- Whether p_login is unbound (a superuser or a member of pgdispatch_owner). False for a
+-- role that does not exist. to_regrole: pgdispatch_owner is created by sql/roles.sql and
+-- may be missing on a database set up without it.
+CREATE OR REPLACE FUNCTION pgd_login_is_unbound(p_login text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT r.rolsuper
+                            OR (to_regrole('pgdispatch_owner') IS NOT NULL
+                                AND pg_has_role(r.oid, to_regrole('pgdispatch_owner'), 'MEMBER'))
+                       FROM pg_roles r WHERE r.rolname = p_login), false)
+$$;
+
+-- Whether p_login may act as a runner host now: it exists, may log in, and, where the
+-- pgdispatch_scheduler group exists, is a member of it (or is unbound). Read on every
+-- claim, heartbeat and report (one catalog probe), so that a revoked login stops at once
+-- although its open sessions live on.
+CREATE OR REPLACE FUNCTION pgd_login_may_run(p_login text) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT r.rolcanlogin
+                            AND (r.rolsuper
+                                 OR to_regrole('pgdispatch_scheduler') IS NULL
+                                 OR pg_has_role(r.oid, to_regrole('pgdispatch_scheduler'), 'MEMBER')
+                                 OR (to_regrole('pgdispatch_owner') IS NOT NULL
+                                     AND pg_has_role(r.oid, to_regrole('pgdispatch_owner'), 'MEMBER')))
+                       FROM pg_roles r WHERE r.rolname = p_login), false)
+$$;
+
+-- The pools p_login may register for and claim from, by id: every pool for an unbound
+-- login, its runner_grants for a bound one, none for a login that may not run
+-- (pgd_login_may_run).
+CREATE OR REPLACE FUNCTION pgd_runner_login_pools(p_login text) RETURNS bigint[]
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN NOT pgd_login_may_run(p_login) THEN '{}'::bigint[]
+        WHEN pgd_login_is_unbound(p_login) THEN ARRAY(SELECT q.id FROM pools q ORDER BY q.id)
+        ELSE ARRAY(SELECT g.pool_id FROM runner_grants g WHERE g.login = p_login ORDER BY g.pool_id)
+    END
+$$;
+
+-- The names of pools among p_pool_ids, for a refusal ("linux, macos").
+CREATE OR REPLACE FUNCTION pgd_pool_names(p_pool_ids bigint[]) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(nullif(string_agg(q.name, ', ' ORDER BY q.name), ''), 'none')
+      FROM pools q WHERE q.id = ANY (p_pool_ids)
+$$;
+
+-- A registration's check: session_user may take every pool of p_pool_ids. Returns
+-- p_pool_ids. Raises PD403 naming the login and the first pool not granted (and what is
+-- granted), or that the login may not run at all.
+CREATE OR REPLACE FUNCTION pgd_require_pool_grants(p_pool_ids bigint[]) RETURNS bigint[]
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_granted bigint[] := pgd_runner_login_pools(session_user);
+    v_missing bigint[];
+BEGIN
+    IF NOT pgd_login_may_run(session_user) THEN
+        RAISE EXCEPTION 'login % may not run a scheduler (it cannot log in, or is not in pgdispatch_scheduler)',
+            session_user USING ERRCODE = 'PD403';
+    END IF;
+    v_missing := ARRAY(SELECT unnest(p_pool_ids) EXCEPT SELECT unnest(v_granted));
+    IF cardinality(v_missing) > 0 THEN
+        RAISE EXCEPTION 'login % is not granted pool % (granted: %); an apply file''s [[runners]] grants it',
+            session_user, pgd_pool_names(v_missing), pgd_pool_names(v_granted)
+            USING ERRCODE = 'PD403';
+    END IF;
+    RETURN p_pool_ids;
+END;
+$$;
+
+-- A runner's check, before a claim, a batch claim or a recovery acts for p_runner_id: the
+-- runner exists (PD404) and belongs to session_user unless that login is unbound (PD403:
+-- no host claims with another host's runner id). Returns the runner row.
+CREATE OR REPLACE FUNCTION pgd_require_runner_login(p_runner_id bigint) RETURNS runners
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v runners%ROWTYPE;
+BEGIN
+    SELECT * INTO v FROM runners r WHERE r.id = p_runner_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown runner %', p_runner_id USING ERRCODE = 'PD404';
+    END IF;
+    IF v.login <> session_user AND NOT pgd_login_is_unbound(session_user) THEN
+        RAISE EXCEPTION 'runner % belongs to login %; login % cannot act for it',
+            p_runner_id, v.login, session_user USING ERRCODE = 'PD403';
+    END IF;
+    RETURN v;
+END;
+$$;
+
+-- A claim's check: pgd_require_runner_login, then every pool of p_pool_ids granted to the
+-- runner's login now. Raises PD403 naming the login and the pool otherwise (a revoked
+-- grant or login stops the claims at once).
+CREATE OR REPLACE FUNCTION pgd_require_runner_grant(p_runner_id bigint, p_pool_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v runners%ROWTYPE := pgd_require_runner_login(p_runner_id);
+    v_missing bigint[];
+BEGIN
+    IF NOT pgd_login_may_run(v.login) THEN
+        RAISE EXCEPTION 'login % of runner % may no longer run a scheduler (it cannot log in, or is not in pgdispatch_scheduler)',
+            v.login, p_runner_id USING ERRCODE = 'PD403';
+    END IF;
+    v_missing := ARRAY(SELECT unnest(p_pool_ids) EXCEPT SELECT unnest(pgd_runner_login_pools(v.login)));
+    IF cardinality(v_missing) > 0 THEN
+        RAISE EXCEPTION 'login % of runner % is not granted pool %',
+            v.login, p_runner_id, pgd_pool_names(v_missing) USING ERRCODE = 'PD403';
+    END IF;
+END;
+$$;
+
+-- Whether runner p_runner_id may still serve an attempt in pool p_pool_id, asked by
+-- session_user: the runner is session_user's (or session_user is unbound), its login may
+-- run, and the pool is granted to it. A heartbeat or a report that fails this is fenced out,
+-- as the attempt of a lost runner.
+CREATE OR REPLACE FUNCTION pgd_runner_holds_grant(p_runner_id bigint, p_pool_id bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT (r.login = session_user OR pgd_login_is_unbound(session_user))
+                            AND p_pool_id = ANY (pgd_runner_login_pools(r.login))
+                       FROM runners r WHERE r.id = p_runner_id), false)
 $$;
 
 -- The pools a claim by p_runner_id may take from: p_pool_ids that the runner serves; NULL
@@ -222,6 +357,7 @@ DECLARE
     v_org_stripe  smallint;
     v_pool_stripe smallint;
 BEGIN
+    PERFORM pgd_require_runner_grant(p_runner_id, p_pool_ids);
     v_pools := pgd_runner_pools(p_runner_id, p_pool_ids, p_lease_seconds);
     IF v_pools IS NULL THEN
         RETURN;  -- the runner is draining or stopped
@@ -370,6 +506,7 @@ BEGIN
     IF v_want < 1 OR v_want > 1000 THEN
         RAISE EXCEPTION 'a batch claims 1 to 1000 jobs, got %', v_want USING ERRCODE = 'PD422';
     END IF;
+    PERFORM pgd_require_runner_grant(p_runner_id, p_pool_ids);
     v_pools := pgd_runner_pools(p_runner_id, p_pool_ids, p_lease_seconds);
     IF v_pools IS NULL THEN
         RETURN;  -- the runner is draining or stopped
@@ -507,6 +644,9 @@ BEGIN
             coalesce(cardinality(p_claim_tokens), 0) USING ERRCODE = 'PD422';
     END IF;
     PERFORM pgd_require_read_committed();
+    -- only the runner's own login settles its claims (no grant needed: the claims it
+    -- finds committed are fenced at their first heartbeat if the grant is gone)
+    PERFORM pgd_require_runner_login(p_runner_id);
     -- No claim with a token voided more than a day ago can still commit (the header: a
     -- claim statement commits within pgd_claim_max_age of reaching the server).
     DELETE FROM claim_tombstones t

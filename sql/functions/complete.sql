@@ -174,6 +174,13 @@ BEGIN
         RAISE EXCEPTION 'attempt % generation % is fenced out (job % is at generation %)',
             p_attempt_id, p_generation, v_job.id, v_job.generation USING ERRCODE = 'PDF01';
     END IF;
+    -- a host whose grant or login was revoked is a lost runner: its reports are not believed
+    -- (sql/functions/claim.sql, "Runner grants"); the lease expiry ends the attempt
+    IF NOT pgd_runner_holds_grant(v_attempt.runner_id, v_ids.pool_id) THEN
+        RAISE EXCEPTION 'attempt % is fenced out: runner % is not login %''s, or its login is no longer granted pool %',
+            p_attempt_id, v_attempt.runner_id, session_user, pgd_pool_names(ARRAY[v_ids.pool_id])
+            USING ERRCODE = 'PDF01';
+    END IF;
     IF v_attempt.state = 'running' AND v_job.state = 'running' THEN
         v_is_late := false;
     ELSIF v_attempt.state = 'lost' AND v_job.state = 'uncertain' AND p_outcome IN ('succeeded', 'failed') THEN
@@ -378,7 +385,7 @@ BEGIN
                        AS i(attempt_id bigint, generation bigint, outcome text, receipt_key text,
                             exit_code integer, error text, output_tail text)) x
           CROSS JOIN LATERAL (
-                SELECT a.job_id FROM attempts a
+                SELECT a.job_id, a.runner_id FROM attempts a
                  WHERE a.id = x.attempt_id AND a.state = 'running' AND a.generation = x.generation
                 OFFSET 0) a
           CROSS JOIN LATERAL (
@@ -386,6 +393,8 @@ BEGIN
                   FROM jobs j JOIN projects p ON p.id = j.project_id
                  WHERE j.id = a.job_id
                    AND j.state = 'running' AND j.target_id IS NULL AND j.generation = x.generation
+                   -- a revoked host's item takes the one-by-one path, which fences it
+                   AND pgd_runner_holds_grant(a.runner_id, j.pool_id)
                 OFFSET 0) w
          WHERE x.outcome = 'succeeded' AND x.same_attempt = 1 AND x.same_key = 1
            AND NOT EXISTS (SELECT 1 FROM delivery_receipts r WHERE r.key = x.receipt_key));

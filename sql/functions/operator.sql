@@ -10,6 +10,7 @@
 -- SQLSTATEs raised, translated to Python exceptions in sql/errors.py:
 --   PD404 unknown entity          PD409 state is not the one the action expects
 --   PD422 invalid input           PDALR another actor already moved it on
+--   PD403 an approver the target's rule does not allow (pgd_check_approver)
 
 -- A time as the refusals print it (UTC, to the second, as pgd_last_actor does).
 CREATE OR REPLACE FUNCTION pgd_utc_text(p_at timestamptz) RETURNS text
@@ -89,7 +90,61 @@ BEGIN
 END;
 $$;
 
+-- The role p_actor acts with, for a rule that names one ('viewer' | 'operator' | 'admin'),
+-- or NULL when it has none. The actor is who pgd_authorize (sql/functions/audit.sql)
+-- decided acts: a database login acting as itself (p_actor = session_user) has the role of
+-- its group (pgdispatch_admin, pgdispatch_operator; a superuser or a member of
+-- pgdispatch_owner counts as admin); a console user named by the web login has the role of
+-- its enabled users row. to_regrole: the groups come from sql/roles.sql.
+CREATE OR REPLACE FUNCTION pgd_actor_role(p_actor text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN p_actor = session_user THEN
+            CASE WHEN pgd_login_is_unbound(p_actor) THEN 'admin'
+                 WHEN to_regrole('pgdispatch_admin') IS NOT NULL
+                      AND pg_has_role(session_user, 'pgdispatch_admin', 'MEMBER') THEN 'admin'
+                 WHEN to_regrole('pgdispatch_operator') IS NOT NULL
+                      AND pg_has_role(session_user, 'pgdispatch_operator', 'MEMBER') THEN 'operator'
+            END
+        ELSE (SELECT u.role FROM users u WHERE u.username = p_actor AND u.disabled_at IS NULL)
+    END
+$$;
+
+-- A protected target's rule for approving job v (sql/schema.sql, targets.requires_approval):
+-- nobody approves a deployment they submitted, and the approver of a deployment to a
+-- protected target holds its approver_role. Raises PD403 with the rule otherwise.
+CREATE OR REPLACE FUNCTION pgd_check_approver(v jobs, p_actor text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    t targets%ROWTYPE;
+    v_role text;
+BEGIN
+    IF v.target_id IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT * INTO t FROM targets WHERE id = v.target_id;
+    IF v.submitted_by = p_actor THEN
+        RAISE EXCEPTION '% submitted job % (a deployment to target %) and cannot approve it; another % must',
+            p_actor, v.id, t.name, CASE WHEN t.requires_approval THEN t.approver_role ELSE 'operator' END
+            USING ERRCODE = 'PD403';
+    END IF;
+    IF t.requires_approval THEN
+        v_role := pgd_actor_role(p_actor);
+        IF coalesce(array_position(ARRAY['viewer', 'operator', 'admin'], v_role), 0)
+           < array_position(ARRAY['viewer', 'operator', 'admin'], t.approver_role) THEN
+            RAISE EXCEPTION 'target % requires approval by %; % %',
+                t.name, CASE t.approver_role WHEN 'admin' THEN 'an admin' ELSE 'an operator' END,
+                p_actor, CASE v_role WHEN 'admin' THEN 'is an admin' WHEN 'operator' THEN 'is an operator'
+                                     WHEN 'viewer' THEN 'is a viewer' ELSE 'has no role' END
+                USING ERRCODE = 'PD403';
+        END IF;
+    END IF;
+END;
+$$;
+
 -- approve a job that requires approval; it becomes queued if no dependency is pending.
+-- A deployment's submitter cannot approve it, and a protected target's approver must hold
+-- its approver_role (pgd_check_approver: PD403).
 CREATE OR REPLACE FUNCTION pgd_approve_job(p_job_id bigint, p_reason text, p_actor text)
 RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
@@ -107,6 +162,7 @@ BEGIN
         RAISE EXCEPTION 'job % is already approved or ended (%, by %)', p_job_id, v.state,
             coalesce(v.approved_by, pgd_last_actor('job:' || p_job_id)) USING ERRCODE = 'PDALR';
     END IF;
+    PERFORM pgd_check_approver(v, p_actor);
     UPDATE jobs
        SET approved_at = now(), approved_by = p_actor,
            state = CASE WHEN pending_dependencies = 0 THEN 'queued' ELSE 'blocked' END,

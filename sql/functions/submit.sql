@@ -55,7 +55,8 @@ $$;
 -- submit: enqueue one job of project p_project on pool p_pool (to target p_target for a
 -- deployment), audited as a 'submit_job' event by p_submitted_by in the same transaction.
 -- A job with pending dependencies or that requires approval starts 'blocked', else
--- 'queued' with ready_at = now() + p_delay_seconds. A repeated p_idempotency_key (per
+-- 'queued' with ready_at = now() + p_delay_seconds. A deployment to a target that
+-- requires approval (targets.requires_approval) requires it whatever p_requires_approval says. A repeated p_idempotency_key (per
 -- project) returns the first job with is_new false when the request is the same
 -- (pgd_submit_request; the delay is not compared) and PD409 naming the fields that differ
 -- otherwise; two submits racing with one key make one job (ON CONFLICT on
@@ -81,6 +82,7 @@ DECLARE
     v_state    text;
     v_unknown  bigint[];
     v_request  jsonb;
+    v_approval boolean := coalesce(p_requires_approval, false);
 BEGIN
     p_submitted_by := pgd_authorize(p_submitted_by, 'operator');
     -- ready_at is now() plus the delay: at most 30 days (sql.transitions.submit checks the
@@ -102,7 +104,10 @@ BEGIN
         RAISE EXCEPTION 'project % is not granted pool %', p_project, p_pool USING ERRCODE = 'PD422';
     END IF;
     IF p_target IS NOT NULL THEN
-        SELECT id INTO v_target FROM targets WHERE name = p_target;
+        -- a protected target's rule, not the submission, decides: the submission may only
+        -- add an approval, never remove one
+        SELECT id, v_approval OR requires_approval INTO v_target, v_approval
+          FROM targets WHERE name = p_target;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'unknown target %', p_target USING ERRCODE = 'PD404';
         END IF;
@@ -145,13 +150,13 @@ BEGIN
         END IF;
     END IF;
 
-    v_state := CASE WHEN v_pending > 0 OR p_requires_approval THEN 'blocked' ELSE 'queued' END;
+    v_state := CASE WHEN v_pending > 0 OR v_approval THEN 'blocked' ELSE 'queued' END;
     INSERT INTO jobs (project_id, pool_id, target_id, state, priority, command, timeout_seconds,
                       max_attempts, ready_at, requires_approval, pending_dependencies,
                       idempotency_key, submitted_by)
     VALUES (v_project.id, v_pool_id, v_target, v_state, p_priority, p_command, p_timeout_seconds,
             p_max_attempts, now() + make_interval(secs => coalesce(p_delay_seconds, 0)),
-            p_requires_approval, v_pending, p_idempotency_key, p_submitted_by)
+            v_approval, v_pending, p_idempotency_key, p_submitted_by)
     ON CONFLICT (project_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id INTO v_id;
     IF v_id IS NULL THEN

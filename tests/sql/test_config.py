@@ -58,7 +58,9 @@ TABLES = {
     "projects": "SELECT name, organization_id, weight, max_running FROM projects ORDER BY name",
     "grants": "SELECT p.name AS project, q.name AS pool FROM project_pools pp JOIN projects p "
               "ON p.id = pp.project_id JOIN pools q ON q.id = pp.pool_id ORDER BY 1, 2",
-    "targets": "SELECT name, state FROM targets ORDER BY name",
+    "targets": "SELECT name, state, requires_approval, approver_role FROM targets ORDER BY name",
+    "runner_grants": "SELECT g.login, q.name AS pool FROM runner_grants g JOIN pools q ON q.id = g.pool_id "
+                     "ORDER BY 1, 2",
     "users": "SELECT username, role, password_hash FROM users ORDER BY username",
     "audit": "SELECT id, actor, action FROM audit_events ORDER BY id",
 }
@@ -133,6 +135,20 @@ max_running = 3
 """
 
 BAD_FILES = {
+    "runner unknown pool": ('[[runners]]\nlogin = "mac1"\npools = ["nope"]\n',
+                            "runner login mac1: unknown pool nope"),
+    "runner pools not a list": ('[[runners]]\nlogin = "mac1"\npools = "linux"\n',
+                                "runner login mac1: pools must be a list of pool names"),
+    "runner bad login": ('[[runners]]\nlogin = "mac 1"\npools = ["linux"]\n',
+                         "runners[0]: login \"mac 1\" is not allowed"),
+    "runner twice": ('[[runners]]\nlogin = "m"\npools = []\n[[runners]]\nlogin = "m"\npools = []\n',
+                     "runners[1]: 'm' is declared twice"),
+    "approver role": ('[[targets]]\nname = "p"\nrequires_approval = true\napprover_role = "root"\n',
+                      "target p: approver_role must be one of operator, admin"),
+    "approver without approval": ('[[targets]]\nname = "p"\napprover_role = "admin"\n',
+                                  "target p: approver_role needs requires_approval = true"),
+    "approval not a boolean": ('[[targets]]\nname = "p"\nrequires_approval = "yes"\n',
+                               "target p: requires_approval must be true or false"),
     "bad TOML": (NEW_ORG + "[[pools]\nname = 'x'\n", "not valid TOML"),
     "unknown key": (NEW_ORG + '[[pools]]\nname = "arm"\nslots = 1\ncolour = "red"\n',
                     "pools[0]: unknown key 'colour'"),
@@ -178,3 +194,46 @@ def test_bad_files_are_refused_and_write_nothing(conn):
         assert message in str(info.value), case
         assert "\n" not in str(info.value), case  # one line for the CLI's stderr
         assert snapshot(conn) == before, f"{case}: something was written"
+
+
+def test_runner_grants_and_target_rules_are_exactly_those_in_the_file(conn):
+    """[[runners]] is the whole truth about runner hosts when present (a login it does not
+    name loses its grants); a file without it leaves them alone. Target rules change in
+    place. Applying the same file twice changes nothing."""
+    hosts = BASE + """
+[[runners]]
+login = "mac1"
+pools = ["mac"]
+
+[[runners]]
+login = "build1"
+pools = ["linux", "mac"]
+
+[[targets]]
+name = "staging"
+requires_approval = true
+
+[[targets]]
+name = "prod-eu"
+requires_approval = true
+approver_role = "admin"
+"""
+    apply(conn, hosts)
+    snap = snapshot(conn)
+    assert [(r["login"], r["pool"]) for r in snap["runner_grants"]] == [
+        ("build1", "linux"), ("build1", "mac"), ("mac1", "mac")]
+    assert [(r["name"], r["requires_approval"], r["approver_role"]) for r in snap["targets"]] == [
+        ("prod-eu", True, "admin"), ("production", False, "operator"), ("staging", True, "operator")]
+    assert apply(conn, hosts)["changed_rows"] == 0
+    assert snapshot(conn) == snap
+    # without a [[runners]] section: grants untouched
+    apply(conn, BASE)
+    assert snapshot(conn)["runner_grants"] == snap["runner_grants"]
+    # with one: mac1 is not named any more, build1 keeps only linux; prod-eu is unprotected
+    changed = apply(conn, BASE + '[[runners]]\nlogin = "build1"\npools = ["linux"]\n'
+                    '[[targets]]\nname = "prod-eu"\n')
+    assert changed["changed_rows"] == 3
+    snap = snapshot(conn)
+    assert [(r["login"], r["pool"]) for r in snap["runner_grants"]] == [("build1", "linux")]
+    assert ("prod-eu", False, "operator") in [(r["name"], r["requires_approval"], r["approver_role"])
+                                              for r in snap["targets"]]

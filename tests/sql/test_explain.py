@@ -43,7 +43,30 @@ def test_approval_required(world):
     world.setup()
     world.runner()
     job = world.job(requires_approval=True)
-    assert explain(world, job["id"])[:2] == ("approval_required", "waiting for an operator's approval")
+    assert explain(world, job["id"])[:2] == ("approval_required",
+                                             "waiting for an operator's approval (asked for at submission by cli)")
+
+
+def test_approval_required_names_the_protected_targets_rule(world):
+    """A protected target's rule, not the submission, blocks the deployment; the reason says
+    whose rule it is and who submitted it."""
+    world.setup()
+    world.apply({"targets": [{"name": "production", "requires_approval": True, "approver_role": "admin"},
+                             {"name": "staging", "requires_approval": True}]})
+    world.runner()
+    job = transitions.submit(world.conn, project="web", pool="linux", target="production",
+                             command=["deploy"], submitted_by="alice")
+    assert job["state"] == "blocked" and job["requires_approval"]
+    code, message, details, _ = explain(world, job["id"])
+    assert (code, message) == ("approval_required",
+                               "target production requires approval by an admin; submitted by alice")
+    assert details == {"target": "production", "approver_role": "admin", "submitted_by": "alice"}
+    staging = transitions.submit(world.conn, project="web", pool="linux", target="staging",
+                                 command=["deploy"], submitted_by="bob", requires_approval=False)
+    assert explain(world, staging["id"])[1] == "target staging requires approval by an operator; submitted by bob"
+    # the queue's rows say the same
+    rows = {j["id"]: j for j in reads.list_waiting(world.conn)["jobs"]}
+    assert rows[job["id"]]["reasons"][0]["message"] == message
 
 
 def test_project_paused_says_who_when_and_why(world):

@@ -97,6 +97,39 @@ def test_dependencies_and_approval_explained(api, world):
     assert codes[:2] == ["dependency_pending", "approval_required"]
 
 
+def test_a_deployment_to_a_protected_target_waits_for_an_approval_its_submitter_cannot_give(
+        api, world, app, conn):
+    """POST /api/v1/jobs to production without requires_approval: blocked by the target's
+    rule; alice, its submitter, is refused (403); an operator is refused where an admin is
+    required; an admin approves it."""
+    world.setup(targets=("production",))
+    world.apply({"targets": [{"name": "production", "requires_approval": True, "approver_role": "admin"}]})
+    ensure_account(conn, "bob", "bob-password-2", "operator")
+    ensure_account(conn, "ada", "ada-admin-password", "admin")
+    bearer = {name: create_api_token(conn, username=name, name="t") for name in ("bob", "ada")}
+    posted = api("POST", "/api/v1/jobs", json={"project": "web", "pool": "linux", "command": ["deploy"],
+                                               "target": "production"})
+    assert posted.status_code == 201
+    job = posted.get_json()
+    assert (job["state"], job["requires_approval"], job["submitted_by"]) == ("blocked", True, "alice")
+    why = api("GET", f"/api/v1/jobs/{job['id']}/explain").get_json()
+    assert (why["reason"], why["message"]) == (
+        "approval_required", "target production requires approval by an admin; submitted by alice")
+    mine = api("POST", f"/api/v1/jobs/{job['id']}/approve", json={})
+    assert mine.status_code == 403
+    assert mine.get_json()["error"] == (f"alice submitted job {job['id']} (a deployment to target "
+                                        f"production) and cannot approve it; another admin must")
+    client = app.test_client()
+    as_bob = client.post(f"/api/v1/jobs/{job['id']}/approve", json={},
+                         headers={"Authorization": f"Bearer {bearer['bob']}"})
+    assert as_bob.status_code == 403
+    assert as_bob.get_json()["error"] == "target production requires approval by an admin; bob is an operator"
+    assert world.row("jobs", job["id"])["state"] == "blocked"
+    as_ada = client.post(f"/api/v1/jobs/{job['id']}/approve", json={},
+                         headers={"Authorization": f"Bearer {bearer['ada']}"})
+    assert as_ada.status_code == 200 and world.row("jobs", job["id"])["approved_by"] == "ada"
+
+
 BAD_SUBMISSIONS = [
     ({"project": "web", "pool": "linux", "command": []}, 422, "command must not be empty"),
     ({"project": "web", "pool": "linux", "command": ["true"], "priority": "abc"}, 422, "priority"),

@@ -50,6 +50,30 @@ def test_runners_page(operator, world):
     page = operator.get("/runners/").get_data(as_text=True)
     assert "build-host-1" in page and "deploy, linux" in page
     assert "runner-live" in page and "0 of 3" in page
+    assert "every pool (unbound login)" in page  # the tests' superuser
+
+
+def test_runners_page_shows_each_hosts_login_its_grant_and_what_it_asks_for_without_one(operator, world, db_url):
+    from pgdispatch.sql import db, transitions as t
+
+    from ..logins import Logins
+
+    world.setup(pools=("linux", "macos"))
+    logins = Logins(db_url)
+    try:
+        login, url = logins.make("mac_host")
+        world.apply({"runners": [{"login": login, "pools": ["macos"]}]})
+        with db.connect(url) as host:
+            t.register_runner(host, name="mac-1", pools=["macos"], slots=2, hostname="mac")
+        world.apply({"runners": [{"login": login, "pools": ["linux"]}]})  # macos revoked
+        page = operator.get("/runners/").get_data(as_text=True)
+    finally:
+        logins.drop()
+    row = page[page.index("mac-1"):]
+    row = row[:row.index("</tr>")]
+    assert f"<code>{login}</code>" in row
+    assert "not granted</span> asks for macos" in row
+    assert "<td>macos</td>" in row and "linux" in row  # asked for macos; granted linux
 
 
 def test_audit_log_filters(operator, world):

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from pgdispatch.sql import FencedOut, Settings, transitions
+from pgdispatch.sql import FencedOut, Forbidden, Settings, transitions
 from pgdispatch.sql.db import checkout, statement_deadline
 from pgdispatch.sql.transitions import Claim
 
@@ -121,11 +121,14 @@ class Heartbeat(threading.Thread):
                         lease_seconds=self.settings.lease_seconds,
                         output_tail=text if total != self._tail_sent_bytes else None)
                 self._tail_sent_bytes = total
-            except FencedOut:
+            except (FencedOut, Forbidden) as exc:
+                # Forbidden: the server no longer believes this host (its login or its group
+                # was revoked); its work is handled as a lost runner's, so stop it as fenced.
                 if self.command_ended.is_set():
                     return  # the report was recorded first: the attempt has ended
-                log.warning("job %d attempt %d: heartbeat fenced out", self.claim.job_id,
-                            self.claim.attempt_no)
+                log.warning("job %d attempt %d: heartbeat fenced out%s", self.claim.job_id,
+                            self.claim.attempt_no,
+                            f" ({exc})" if isinstance(exc, Forbidden) else "")
                 self.is_fenced.set()
                 self._wake()
                 return

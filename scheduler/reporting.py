@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pgdispatch.sql import (Conflict, DatabaseUnavailable, FencedOut, InvalidInput, NotFound,
+from pgdispatch.sql import (Conflict, DatabaseUnavailable, FencedOut, Forbidden, InvalidInput, NotFound,
                             Settings, transitions)
 from pgdispatch.sql.db import checkout
 from pgdispatch.sql.transitions import Claim
@@ -148,7 +148,7 @@ class CompletionReporter:
                         conn, items=[r.item for r in batch],
                         backoff_base_seconds=self.settings.backoff_base_seconds,
                         backoff_cap_seconds=self.settings.backoff_cap_seconds)
-            except (FencedOut, NotFound, InvalidInput, Conflict) as exc:
+            except (FencedOut, Forbidden, NotFound, InvalidInput, Conflict) as exc:
                 # The whole batch was refused for one bad report (an unknown attempt, a receipt
                 # key of another attempt): nothing of it was recorded. Send them one by one,
                 # so each gets its own answer and one does not sink the others.
@@ -249,7 +249,7 @@ def report_outcome(reporter: CompletionReporter, claim: Claim, *, outcome: str,
             log.warning("job %d attempt %d: %s not recorded: %s", claim.job_id,
                         claim.attempt_no, outcome, exc)
             return None
-        except (NotFound, InvalidInput, Conflict) as exc:
+        except (Forbidden, NotFound, InvalidInput, Conflict) as exc:
             log.error("job %d attempt %d: report of %s refused: %s", claim.job_id,
                       claim.attempt_no, outcome, exc)
             return None

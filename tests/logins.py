@@ -2,10 +2,9 @@
 tests/scheduler): ``make_login(name)`` creates a LOGIN role with a password and returns a URL
 of the test's database that logs in as it.
 
-Until the roles of sql/roles.sql exist on this branch, a login is given plain table
-privileges here so that it can run the named statements; EXECUTE on the functions is
-PUBLIC's. With the roles in place, ``groups`` (e.g. ``("pgdispatch_scheduler",)``) is what a
-runner host gets instead. Every login made is dropped at the end of the test.
+A login gets no privilege of its own: ``groups`` (e.g. ``("pgdispatch_scheduler",)``, the
+group roles of sql/roles.sql) is what it may do, as in production. Every login made is
+dropped at the end of the test.
 """
 
 from __future__ import annotations
@@ -33,16 +32,12 @@ class Logins:
         self.db_url = db_url
         self.made: list[str] = []
 
-    def make(self, stem: str, *, table_privileges: bool = True, groups: tuple[str, ...] = ()) -> tuple[str, str]:
+    def make(self, stem: str, *, groups: tuple[str, ...] = ()) -> tuple[str, str]:
         """A new LOGIN role named ``stem_<random>``; returns (login, URL logging in as it)."""
         login = f"{stem}_{uuid.uuid4().hex[:6]}"
         with db.connect(self.db_url) as conn:
             conn.execute(f'CREATE ROLE "{login}" LOGIN PASSWORD \'{PASSWORD}\'')
             self.made.append(login)
-            if table_privileges:
-                # stands in for pgdispatch_scheduler's EXECUTE grants until sql/roles.sql lands
-                conn.execute(f'GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO "{login}"')
-                conn.execute(f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO "{login}"')
             for group in groups:
                 conn.execute(f'GRANT "{group}" TO "{login}"')
         return login, url_as(self.db_url, login)

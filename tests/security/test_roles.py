@@ -129,6 +129,11 @@ def test_an_over_privileged_scheduler_is_caught(world, db_url, logins):
     assert any(s.startswith("TRUNCATE audit_events") for s in leaks)
 
 
+# plain SQL functions the reads inline (sql/grants.sql): they run as the caller, read only
+PLAIN_READ_HELPERS = ("pgd_organization_running", "pgd_pool_running", "pgd_project_running",
+                      "pgd_runner_login_pools", "pgd_login_is_unbound", "pgd_login_may_run")
+
+
 def test_nobody_logs_in_as_the_owner_and_group_roles_cannot_log_in(conn):
     rows = conn.execute("SELECT rolname, rolcanlogin FROM pg_roles WHERE rolname = ANY (%s)",
                         (list(roles.ROLE_NAMES),)).fetchall()
@@ -144,7 +149,7 @@ def test_nobody_logs_in_as_the_owner_and_group_roles_cannot_log_in(conn):
                                       AND pronamespace = 'public'::regnamespace""").fetchall()
     # what a group may call and is not a plain read helper runs as the owner, path pinned
     for d in definers:
-        if d["proname"] in ("pgd_organization_running", "pgd_pool_running", "pgd_project_running"):
+        if d["proname"] in PLAIN_READ_HELPERS:
             continue
         assert d["prosecdef"] and d["proconfig"] == ["search_path=public, pg_temp"], d
 
@@ -240,6 +245,7 @@ def test_the_cli_refuses_a_login_not_in_operator_in_one_line(world, db_url, logi
 @pytest.mark.own_database
 def test_a_scheduler_login_runs_jobs_end_to_end(world, db_url, logins, tmp_path):
     world.setup()
+    world.apply({"runners": [{"login": logins["scheduler"], "pools": ["linux"]}]})
     jobs = [world.job(command=["true"])["id"] for _ in range(3)]
     procs = Schedulers(login_url(db_url, logins["scheduler"]), tmp_path)
     try:

@@ -61,7 +61,7 @@ def test_runners_page_shows_each_hosts_login_its_grant_and_what_it_asks_for_with
     world.setup(pools=("linux", "macos"))
     logins = Logins(db_url)
     try:
-        login, url = logins.make("mac_host")
+        login, url = logins.make("mac_host", groups=("pgdispatch_scheduler",))
         world.apply({"runners": [{"login": login, "pools": ["macos"]}]})
         with db.connect(url) as host:
             t.register_runner(host, name="mac-1", pools=["macos"], slots=2, hostname="mac")

@@ -15,7 +15,7 @@ from typing import Any
 from .db import in_transaction
 from .errors import InvalidInput
 from .queries import Q
-from .accounts import ROLES, hash_password, verify_password
+from .accounts import ROLES, declare_user
 from .validate import _shown, check_int, check_text
 
 SECTIONS = ("organizations", "pools", "projects", "targets", "users")
@@ -157,15 +157,12 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str) -> dict[str, int]:
         changed += Q.set_project_pools(conn, project=p["name"], pools=p["pools"])
         changed += Q.revoke_other_pools(conn, project=p["name"], pools=p["pools"])
     for u in cfg["users"]:
-        existing = Q.get_user(conn, username=u["username"])
-        if existing and existing["role"] == u["role"] and verify_password(existing["password_hash"], u["password"]):
-            continue
-        changed += Q.upsert_user(conn, username=u["username"], role=u["role"],
-                                 password_hash=hash_password(u["password"]))
+        changed += declare_user(conn, username=u["username"], password=u["password"], role=u["role"])
     counts = {k: len(v) for k, v in cfg.items()}
     if changed:
         import json
-        Q.record_event(conn, actor=actor, action="apply_config", subject="config", reason=None,
+        # no actor named (the CLI): the database says who the login acts as
+        Q.record_event(conn, actor=actor or Q.acting_login(conn, required="admin"), action="apply_config", subject="config", reason=None,
                        details=json.dumps({"changed_rows": changed, **counts}))
     counts["changed_rows"] = changed
     return counts
@@ -176,7 +173,7 @@ def _by_id(ids: dict[str, int], name: str) -> tuple[bool, int, str]:
     return (name not in ids, ids.get(name, 0), name)
 
 
-def apply_config(conn, text: str, *, actor: str, env: dict[str, str] | None = None) -> dict[str, int]:
+def apply_config(conn, text: str, *, actor: str | None = None, env: dict[str, str] | None = None) -> dict[str, int]:
     """Validate and apply an apply file in one transaction; audited when anything changed.
 
     Returns:
@@ -197,6 +194,6 @@ def read_config_file(path: str | Path) -> str:
         raise InvalidInput(f"cannot read {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
 
 
-def apply_file(conn, path: str | Path, *, actor: str) -> dict[str, int]:
+def apply_file(conn, path: str | Path, *, actor: str | None = None) -> dict[str, int]:
     """``apply_config`` on a file. Raises InvalidInput when it cannot be read."""
     return apply_config(conn, read_config_file(path), actor=actor)

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-import getpass
 import json
 import logging
-import os
 import socket
 import sys
 import uuid
@@ -102,24 +100,6 @@ class Context:
                           prepare_threshold=self.settings.prepare_threshold)
 
 
-def _os_user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # no passwd entry in some containers
-        return str(os.getuid())
-
-
-def default_actor() -> str | None:
-    """The actor a CLI action names: PGDISPATCH_ACTOR, else None, and the database records
-    the login (pgd_authorize, sql/functions/audit.sql). A login that is not the console's
-    or a superuser's may only name itself: the database refuses another name (Forbidden)."""
-    return os.environ.get("PGDISPATCH_ACTOR") or None
-
-
-actor_option = click.option("--actor", default=None, help="Name recorded in the audit log "
-                            "(default: PGDISPATCH_ACTOR, else the database login; only a "
-                            "superuser may name another).")
-
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level on stderr.")
@@ -202,9 +182,8 @@ def db_login(obj: Context, name: str, kind: str, password_env: str, as_json: boo
 @cli.command("apply")
 @click.argument("path", type=click.Path(dir_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@actor_option
 @click.pass_obj
-def apply_cmd(obj: Context, path: str, as_json: bool, actor: str | None) -> None:
+def apply_cmd(obj: Context, path: str, as_json: bool) -> None:
     """Declare organizations, pools, projects, targets and users from a TOML file (idempotent)."""
     from pgdispatch.sql import config
 
@@ -215,7 +194,7 @@ def apply_cmd(obj: Context, path: str, as_json: bool, actor: str | None) -> None
     with db.connect(obj.url_as(logins.MIGRATOR, "migrator"), application_name="pgdispatch-cli",
                     statement_deadline_seconds=obj.settings.statement_deadline_seconds,
                     prepare_threshold=obj.settings.prepare_threshold) as conn:
-        result = config.apply_config(conn, text, actor=actor or default_actor())
+        result = config.apply_config(conn, text, actor=None)
     if as_json:
         emit(result)
     else:
@@ -237,13 +216,12 @@ def apply_cmd(obj: Context, path: str, as_json: bool, actor: str | None) -> None
 @click.option("--idempotency-key", default=None,
               help="Submitting the same request with the key again returns the first job; "
                    "a different request with it is refused.")
-@actor_option
 @click.argument("command", nargs=-1, required=True)
 @click.pass_obj
 def submit_cmd(obj: Context, project: str, pool: str, target: str | None, priority: int,
                max_attempts: int, timeout_seconds: int, delay_seconds: float,
                requires_approval: bool, depends_on: tuple[int, ...], idempotency_key: str | None,
-               actor: str | None, command: tuple[str, ...]) -> None:
+               command: tuple[str, ...]) -> None:
     """Enqueue one job: pgdispatch submit --project P --pool Q [options] -- CMD [ARG]...
 
     Prints the job as JSON with its id.
@@ -257,7 +235,7 @@ def submit_cmd(obj: Context, project: str, pool: str, target: str | None, priori
                                  max_attempts=max_attempts, timeout_seconds=timeout_seconds,
                                  delay_seconds=delay_seconds, requires_approval=requires_approval,
                                  depends_on=list(depends_on), idempotency_key=idempotency_key,
-                                 submitted_by=actor or default_actor())
+                                 submitted_by=None)
     emit(job)
 
 
@@ -319,14 +297,13 @@ def _job_action(name: str, doc: str):
     @click.argument("job_id", type=int)
     @click.option("--reason", default=None, help="Why (recorded in the audit log).")
     @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-    @actor_option
     @click.pass_obj
-    def action(obj: Context, job_id: int, reason: str | None, as_json: bool, actor: str | None) -> None:
+    def action(obj: Context, job_id: int, reason: str | None, as_json: bool) -> None:
         from pgdispatch.sql import transitions
 
         fn = getattr(transitions, f"{name}_job")
         with obj.connect() as conn:
-            result = fn(conn, job_id=job_id, reason=reason, actor=actor or default_actor())
+            result = fn(conn, job_id=job_id, reason=reason, actor=None)
         emit(result) if as_json else click.echo(f"job {job_id}: {result['state']}")
     return action
 
@@ -347,14 +324,14 @@ def projects() -> None:
 @click.argument("name")
 @click.option("--reason", required=True, help="Why (shown to operators, audited).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@actor_option
 @click.pass_obj
-def projects_pause(obj: Context, name: str, reason: str, as_json: bool, actor: str | None) -> None:
+def projects_pause(obj: Context, name: str, reason: str, as_json: bool) -> None:
     """Pause a project: its queued jobs wait with reason project_paused."""
     from pgdispatch.sql import transitions
 
     with obj.connect() as conn:
-        result = transitions.pause_project(conn, project=name, reason=reason, actor=actor or default_actor())
+        result = transitions.pause_project(conn, project=name, reason=reason,
+                                            actor=None)
     emit(result) if as_json else click.echo(f"project {name} paused")
 
 
@@ -362,14 +339,14 @@ def projects_pause(obj: Context, name: str, reason: str, as_json: bool, actor: s
 @click.argument("name")
 @click.option("--reason", default=None, help="Why (audited).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@actor_option
 @click.pass_obj
-def projects_resume(obj: Context, name: str, reason: str | None, as_json: bool, actor: str | None) -> None:
+def projects_resume(obj: Context, name: str, reason: str | None, as_json: bool) -> None:
     """Resume a paused project."""
     from pgdispatch.sql import transitions
 
     with obj.connect() as conn:
-        result = transitions.resume_project(conn, project=name, reason=reason, actor=actor or default_actor())
+        result = transitions.resume_project(conn, project=name, reason=reason,
+                                            actor=None)
     emit(result) if as_json else click.echo(f"project {name} resumed")
 
 
@@ -384,16 +361,14 @@ def targets() -> None:
               help="The lost deployment happened (succeeded), did not (failed), or run it again (retry).")
 @click.option("--note", required=True, help="What you checked (mandatory, audited).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-@actor_option
 @click.pass_obj
-def targets_resolve(obj: Context, name: str, outcome: str, note: str, as_json: bool,
-                    actor: str | None) -> None:
+def targets_resolve(obj: Context, name: str, outcome: str, note: str, as_json: bool) -> None:
     """Resolve an uncertain target."""
     from pgdispatch.sql import transitions
 
     with obj.connect() as conn:
         result = transitions.resolve_target(conn, target=name, outcome=outcome, note=note,
-                                            actor=actor or default_actor())
+                                            actor=None)
     emit(result) if as_json else click.echo(
         f"target {name} resolved ({outcome}); job {result['job_id']} is {result['job_state']}")
 
@@ -406,18 +381,78 @@ def tokens() -> None:
 @tokens.command("create")
 @click.option("--user", "username", required=True, help="Existing username the token acts as.")
 @click.option("--name", default="api", show_default=True, help="A label for the token.")
-@actor_option
+@click.option("--expires-in", "expires_in", type=click.IntRange(1, 10 * 366 * 86400), default=None,
+              help="Seconds until the token stops authenticating (default: never).")
+@click.option("--expires-at", "expires_at", default=None,
+              help="When the token stops authenticating: an ISO 8601 time with its offset "
+                   "(2025-07-01T00:00:00+00:00).")
+@click.option("--reason", default=None, help="Why (recorded in the audit log).")
 @click.pass_obj
-def tokens_create(obj: Context, username: str, name: str, actor: str | None) -> None:
-    """Create an API token; it is printed once and stored only as a hash. Audited as
-    ``create_api_token`` (its id and label, never the token), as from the console."""
+def tokens_create(obj: Context, username: str, name: str, expires_in: int | None,
+                  expires_at: str | None, reason: str | None) -> None:
+    """Create an API token; it is printed once and stored only as a hash. Your database
+    login must be an admin's (pgdispatch_admin). Audited as ``create_api_token`` (its id,
+    label and expiry, never the token), as from the console."""
     from pgdispatch.sql import accounts
 
     with obj.connect() as conn:
-        # accounts' own actor rule is not pgd_authorize's yet: keep naming the OS user
-        issued = accounts.issue_api_token(conn, username=username, name=name,
-                                          actor=actor or default_actor() or f"cli:{_os_user()}")
+        issued = accounts.issue_api_token(conn, username=username, name=name, actor=None,
+                                          reason=reason,
+                                          expires_at=_expiry(expires_in, expires_at))
     click.echo(issued["token"])
+
+
+def _expiry(expires_in: int | None, expires_at: str | None) -> dt.datetime | None:
+    if expires_in is not None and expires_at is not None:
+        raise InvalidInput("give --expires-in or --expires-at, not both")
+    if expires_in is not None:
+        return dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=expires_in)
+    if expires_at is None:
+        return None
+    try:
+        when = dt.datetime.fromisoformat(expires_at)
+    except ValueError:
+        raise InvalidInput(f"--expires-at must be an ISO 8601 time, got {expires_at!r}") from None
+    if when.tzinfo is None:
+        raise InvalidInput("--expires-at needs its UTC offset (…+00:00), else the time is ambiguous")
+    return when
+
+
+@tokens.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print the tokens as JSON.")
+@click.pass_obj
+def tokens_list(obj: Context, as_json: bool) -> None:
+    """Every API token: id, user, label, state (live, expired, revoked), expiry and last use
+    (never the token or its hash)."""
+    from pgdispatch.sql import accounts
+
+    with obj.connect() as conn:
+        rows = accounts.list_api_tokens(conn)
+    if as_json:
+        emit(rows)
+        return
+    for t in rows:
+        state = "revoked" if t["revoked_at"] else "live" if t["is_live"] else "expired"
+        expires = t["expires_at"].isoformat(timespec="seconds") if t["expires_at"] else "never"
+        used = t["last_used_at"].isoformat(timespec="seconds") if t["last_used_at"] else "never"
+        click.echo(f"{t['id']:>6}  {state:<8} {t['username']:<20} {t['name']:<20} "
+                   f"expires {expires}  last used {used}")
+
+
+@tokens.command("revoke")
+@click.argument("token_id", type=click.IntRange(1, 2**63 - 1))
+@click.option("--reason", default=None, help="Why (recorded in the audit log).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def tokens_revoke(obj: Context, token_id: int, reason: str | None, as_json: bool) -> None:
+    """Revoke an API token: from the next request on it authenticates nothing. Your database
+    login must be an admin's. Audited."""
+    from pgdispatch.sql import accounts
+
+    with obj.connect() as conn:
+        result = accounts.revoke_api_token(conn, token_id=token_id, actor=None, reason=reason)
+    emit(result) if as_json else click.echo(
+        f"token {result['token_id']} of {result['username']} revoked")
 
 
 # --- processes --------------------------------------------------------------------------
@@ -496,10 +531,9 @@ def web_cmd(obj: Context, bind: str | None, workers: int) -> None:
     _check_bind(settings.bind)
     logging.getLogger().setLevel(logging.INFO)
     from pgdispatch.webapp import serve
-    # The console still signs users in by reading users.password_hash, which its own login
-    # (logins.WEB) may not: on the embedded server it keeps the superuser until sign-in is
-    # a function (helper "accounts", issue 17).
-    serve.serve(settings, database_url=obj.url_as(None), bind=settings.bind, workers=workers)
+    # the embedded server: the console's own login (pgdispatch_web: reads without secrets,
+    # the operator and account transitions; sign-in is a function, sql/functions/accounts.sql)
+    serve.serve(settings, database_url=obj.url_as(logins.WEB, "web"), bind=settings.bind, workers=workers)
 
 
 def _check_bind(bind: str) -> None:

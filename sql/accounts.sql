@@ -1,85 +1,75 @@
--- Operator accounts and API tokens (sql/accounts.py). Sign-in reads; config apply declares
--- accounts unaudited (upsert_user); the admin area's changes are conditional transitions:
--- the row is locked first, compared with what the admin saw, changed, and audited in the
--- same transaction. Each locks one row of one table (plus, for changes that could remove
--- the last admin, every active admin's row, in id order).
+-- Operator accounts and API tokens (sql/accounts.py). Every write, and every use of a
+-- password or token hash, is a function in sql/functions/accounts.sql; what is left here are
+-- calls of those and the admin area's plain reads, which never name a hash column.
 
--- name: get_user^
--- One operator account by username. Read-only.
-SELECT id, username, password_hash, role, disabled_at FROM users WHERE username = :username;
+-- name: sign_in_parameters$
+-- The argon2 parameters and salt for a username (never the hash) and whether the login limit is reached.
+SELECT pgd_sign_in_parameters(:username, :address);
 
--- name: get_user_by_id^
--- One operator account by id. Read-only.
-SELECT id, username, password_hash, role, disabled_at FROM users WHERE id = :user_id;
+-- name: sign_in$
+-- Compare the typed password's hash with the stored one, count a failure against the login limit, audit.
+SELECT pgd_sign_in(:username, :encoded_hash, :address);
 
--- name: find_api_token^
--- The user behind a bearer token's sha256, if the token and the user are active.
-UPDATE api_tokens t SET last_used_at = now()
-  FROM users u
- WHERE t.token_hash = :token_hash AND t.revoked_at IS NULL
-   AND u.id = t.user_id AND u.disabled_at IS NULL
-RETURNING u.id, u.username, u.role;
+-- name: session_user^
+-- The enabled account of a console session whose generation is still current. Read-only.
+SELECT id, username, role, session_generation FROM pgd_session_user(:user_id, :session_generation);
 
--- name: upsert_user!
--- Declare an operator account with its role and password hash.
-INSERT INTO users (username, password_hash, role) VALUES (:username, :password_hash, :role)
-ON CONFLICT (username) DO UPDATE SET password_hash = excluded.password_hash, role = excluded.role;
+-- name: sign_out$
+-- End every session of the user (its session generation moves on); audited.
+SELECT pgd_sign_out(:user_id, :session_generation, :address);
 
--- name: create_api_token$
--- Store a new bearer token's sha256 for a user; the token itself is never stored.
-INSERT INTO api_tokens (user_id, name, token_hash)
-SELECT u.id, :name, :token_hash FROM users u WHERE u.username = :username
-RETURNING id;
+-- name: rehash_password$
+-- Store the same password under the current argon2 parameters, proven by its old hash.
+SELECT pgd_rehash_password(:username, :encoded_hash, :new_hash);
+
+-- name: authenticate_token^
+-- The enabled account behind a live, unexpired bearer token's sha256; marks the token used.
+SELECT id, username, role FROM pgd_authenticate_token(:token_hash);
+
+-- name: declare_user$
+-- Declare an account from an apply file (unchanged, updated, changed or needs_hash).
+SELECT pgd_declare_user(:username, :role, :candidate_hash, :new_hash);
+
+-- name: acting_login$
+-- Who the database says acts for this connection when no actor is named (pgd_authorize).
+SELECT pgd_authorize(NULL, :required);
 
 -- name: list_users
 -- Every account with its role, state and how many live API tokens it has. Read-only.
 SELECT u.id, u.username, u.role, u.created_at, u.disabled_at,
-       (SELECT count(*) FROM api_tokens t WHERE t.user_id = u.id AND t.revoked_at IS NULL) AS live_tokens
+       (SELECT count(*) FROM api_tokens t
+         WHERE t.user_id = u.id AND t.revoked_at IS NULL
+           AND (t.expires_at IS NULL OR t.expires_at > now())) AS live_tokens
   FROM users u
  ORDER BY u.username;
 
 -- name: list_api_tokens
--- Every API token's label and use (never its hash), newest first. Read-only.
-SELECT t.id, u.username, t.name, t.created_at, t.last_used_at, t.revoked_at
+-- Every API token's label, use and expiry (never its hash), live ones first, newest first. Read-only.
+SELECT t.id, u.username, t.name, t.created_at, t.last_used_at, t.revoked_at, t.expires_at,
+       (t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > now())) AS is_live
   FROM api_tokens t JOIN users u ON u.id = t.user_id
  ORDER BY t.revoked_at IS NOT NULL, t.id DESC;
 
 -- name: create_user$
--- Create an account; NULL when the username is taken (the caller says so, nothing written).
-INSERT INTO users (username, password_hash, role) VALUES (:username, :password_hash, :role)
-ON CONFLICT (username) DO NOTHING
-RETURNING id;
+-- Create an account (audited); PD409 when the username is taken.
+SELECT pgd_create_user(:username, :password_hash, :role, :reason, :actor);
 
--- name: lock_user^
--- Lock one account's row for a conditional change (the admin compares it with what they saw).
-SELECT id, username, role, disabled_at FROM users WHERE username = :username FOR UPDATE;
-
--- name: lock_active_admins
--- Lock every active admin's row in id order, so two admins demoting or disabling each other
--- at once cannot both pass the "another active admin remains" check (the second waits, then
--- re-reads). Read Committed: the next statement sees what the first committed.
-SELECT id, username FROM users WHERE role = 'admin' AND disabled_at IS NULL ORDER BY id FOR UPDATE;
-
--- name: set_user_role!
--- Change an account's role (the row is locked by lock_user in this transaction).
-UPDATE users SET role = :role WHERE id = :user_id;
+-- name: set_user_role$
+-- Change a role if it is still the one the admin saw; the user's sessions end. Audited.
+SELECT pgd_set_user_role(:username, :role, :expected_role, :reason, :actor);
 
 -- name: set_user_disabled$
--- Disable (now()) or enable (NULL) an account; returns the new disabled_at.
-UPDATE users SET disabled_at = CASE WHEN :is_disabled THEN now() END WHERE id = :user_id
-RETURNING disabled_at;
+-- Disable (sessions end, live tokens revoked) or enable an account. Audited.
+SELECT pgd_set_user_disabled(:username, :is_disabled, :reason, :actor);
 
--- name: set_user_password!
--- Store a new argon2 hash for an account (its sessions end: they carry the old hash's fingerprint).
-UPDATE users SET password_hash = :password_hash WHERE id = :user_id;
+-- name: set_user_password$
+-- Store a new argon2 hash for an account; its sessions end. Audited without the hash.
+SELECT pgd_set_user_password(:username, :password_hash, :reason, :actor);
 
--- name: lock_api_token^
--- Lock one API token's row (with its owner's name) for revocation.
-SELECT t.id, t.name, t.revoked_at, u.username
-  FROM api_tokens t JOIN users u ON u.id = t.user_id
- WHERE t.id = :token_id
-   FOR UPDATE OF t;
+-- name: create_api_token$
+-- Store a new bearer token's sha256 for an enabled account, with an optional expiry. Audited.
+SELECT pgd_create_api_token(:username, :name, :token_hash, :expires_at, :reason, :actor);
 
 -- name: revoke_api_token$
--- Revoke a token now; from the next request on it authenticates nothing.
-UPDATE api_tokens SET revoked_at = now() WHERE id = :token_id RETURNING revoked_at;
+-- Revoke a token now; from the next request on it authenticates nothing. Audited.
+SELECT pgd_revoke_api_token(:token_id, :reason, :actor);

@@ -17,7 +17,7 @@ from .db import in_transaction
 from .errors import InvalidInput
 from . import roles
 from .queries import Q
-from .accounts import ROLES, hash_password, verify_password
+from .accounts import ROLES, declare_user
 from .validate import _shown, check_int, check_text
 
 SECTIONS = ("organizations", "pools", "projects", "targets", "runners", "users")
@@ -200,15 +200,12 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str | None) -> dict[str, int
             changed += Q.revoke_other_runner_pools(conn, login=r["login"], pools=r["pools"])
         changed += Q.revoke_undeclared_runner_logins(conn, logins=[r["login"] for r in cfg["runners"]])
     for u in cfg["users"]:
-        existing = Q.get_user(conn, username=u["username"])
-        if existing and existing["role"] == u["role"] and verify_password(existing["password_hash"], u["password"]):
-            continue
-        changed += Q.upsert_user(conn, username=u["username"], role=u["role"],
-                                 password_hash=hash_password(u["password"]))
+        changed += declare_user(conn, username=u["username"], password=u["password"], role=u["role"])
     counts = {k: len(v) for k, v in cfg.items() if v is not None}
     if changed:
         import json
-        Q.record_event(conn, actor=actor, action="apply_config", subject="config", reason=None,
+        # no actor named (the CLI): the database says who the login acts as
+        Q.record_event(conn, actor=actor or Q.acting_login(conn, required="admin"), action="apply_config", subject="config", reason=None,
                        details=json.dumps({"changed_rows": changed, **counts}))
     counts["changed_rows"] = changed
     return counts

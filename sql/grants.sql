@@ -32,7 +32,7 @@ GRANT SELECT ON organizations, pools, projects, project_pools, runners, targets,
     TO pgdispatch_reader, pgdispatch_web;
 GRANT SELECT (id, username, role, created_at, disabled_at) ON users
     TO pgdispatch_reader, pgdispatch_web;
-GRANT SELECT (id, user_id, name, created_at, last_used_at, revoked_at) ON api_tokens
+GRANT SELECT (id, user_id, name, created_at, last_used_at, revoked_at, expires_at) ON api_tokens
     TO pgdispatch_reader, pgdispatch_web;
 -- the running counts the lists show (plain SQL functions over capacity_stripes and jobs,
 -- inlined into the reads)
@@ -50,7 +50,16 @@ GRANT EXECUTE ON FUNCTION pgd_submit, pgd_pause_project, pgd_resume_project, pgd
     TO pgdispatch_operator, pgdispatch_web;
 GRANT EXECUTE ON FUNCTION pgd_expire_one TO pgdispatch_operator;
 
--- Admin: limits (and, in the console, accounts and tokens). pgd_authorize checks the
--- console's user is an admin.
-GRANT EXECUTE ON FUNCTION pgd_set_organization_limit, pgd_set_project_limits, pgd_set_pool_slots
+-- Admin: limits, accounts and tokens (sql/functions/limits.sql, accounts.sql). pgd_authorize
+-- checks the console's user is an admin, or that a CLI login is in pgdispatch_admin.
+GRANT EXECUTE ON FUNCTION pgd_set_organization_limit, pgd_set_project_limits, pgd_set_pool_slots,
+                          pgd_create_user, pgd_set_user_role, pgd_set_user_disabled,
+                          pgd_set_user_password, pgd_create_api_token, pgd_revoke_api_token
     TO pgdispatch_admin, pgdispatch_web;
+
+-- The console's sign-in, sessions and bearer tokens (sql/functions/accounts.sql): the hash is
+-- compared in the database and never leaves it; sign_in_failures and sign_in_secret are
+-- nobody's to read.
+GRANT EXECUTE ON FUNCTION pgd_sign_in_parameters, pgd_sign_in, pgd_session_user, pgd_sign_out,
+                          pgd_rehash_password, pgd_authenticate_token
+    TO pgdispatch_web;

@@ -84,7 +84,10 @@ CREATE TABLE users (
     password_hash text NOT NULL,
     role          text NOT NULL CHECK (role IN ('viewer', 'operator', 'admin')),
     created_at    timestamptz NOT NULL DEFAULT now(),
-    disabled_at   timestamptz
+    disabled_at   timestamptz,
+    -- carried in every console session; bumping it (sign-out, a new password, disable, a
+    -- role change) ends every session of the user at its next request
+    session_generation bigint NOT NULL DEFAULT 1
 );
 
 CREATE TABLE api_tokens (
@@ -95,7 +98,30 @@ CREATE TABLE api_tokens (
     token_hash   text NOT NULL UNIQUE,
     created_at   timestamptz NOT NULL DEFAULT now(),
     last_used_at timestamptz,
-    revoked_at   timestamptz
+    revoked_at   timestamptz,
+    -- NULL: until revoked; past it the token authenticates nothing
+    expires_at   timestamptz
+);
+CREATE INDEX api_tokens_user_idx ON api_tokens (user_id) WHERE revoked_at IS NULL;
+
+-- Failed console sign-ins inside the login limit's window (sql/functions/accounts.sql,
+-- pgd_sign_in): counted per username and per client address, so the limit holds across
+-- web workers and hosts. Rows older than the window are deleted as sign-ins meet them.
+CREATE TABLE sign_in_failures (
+    id       bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    username text NOT NULL,
+    address  text,
+    at       timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX sign_in_failures_username_idx ON sign_in_failures (username, at);
+CREATE INDEX sign_in_failures_address_idx ON sign_in_failures (address, at);
+
+-- One random secret, made on first use, from which the sign-in parameters of an unknown
+-- username derive a stable salt (pgd_sign_in_parameters): the answer looks the same for
+-- every name, existing or not.
+CREATE TABLE sign_in_secret (
+    id     boolean PRIMARY KEY DEFAULT true CHECK (id),
+    secret text NOT NULL
 );
 
 CREATE TABLE targets (

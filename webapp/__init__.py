@@ -16,6 +16,7 @@ from typing import Any
 
 from flask import Flask
 from flask.json.provider import DefaultJSONProvider
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from pgdispatch import sql
 import pgdispatch.sql.embedded
@@ -61,7 +62,7 @@ def create_app(settings: sql.Settings | None = None, *, database_url: str | None
         settings: process settings; ``Settings.from_env()`` when None.
         database_url: PostgreSQL to use; else ``settings.database_url``, else the embedded
             server under ``settings.data_dir``.
-        config_overrides: Flask config keys to set last (tests: ``LOGIN_RATE_LIMIT``…).
+        config_overrides: Flask config keys to set last (tests: ``TRUSTED_PROXIES``…).
     """
     settings = settings or sql.Settings.from_env()
     app = Flask(__name__, template_folder=str(ROOT / "templates"),
@@ -80,8 +81,9 @@ def create_app(settings: sql.Settings | None = None, *, database_url: str | None
         # an on-call console stays open for hours: the token lives as long as the session
         WTF_CSRF_TIME_LIMIT=None,
         MAX_CONTENT_LENGTH=1024 * 1024,
-        LOGIN_RATE_LIMIT="10/minute",
-        RATELIMIT_HEADERS_ENABLED=False,
+        # reverse proxies in front of the console whose X-Forwarded-For / -Proto are
+        # believed (the login limit counts per client address): docs/operations.md
+        TRUSTED_PROXIES=_trusted_proxies(os.environ.get("PGDISPATCH_TRUSTED_PROXIES", "0")),
         DB_POOL_MIN_SIZE=1,
         DB_POOL_MAX_SIZE=8,
         DB_POOL_TIMEOUT_SECONDS=5.0,
@@ -111,7 +113,22 @@ def create_app(settings: sql.Settings | None = None, *, database_url: str | None
     for module in (overview, queue, projects, targets, jobs, runners, audit, admin, api, metrics):
         app.register_blueprint(module.bp)
     security.csrf.exempt(api.bp)
+    hops = app.config["TRUSTED_PROXIES"]
+    if hops:
+        # the client's address and scheme as the nearest ``hops`` proxies saw them; never
+        # X-Forwarded-Host, which a proxy that does not set it would pass from the client
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=hops, x_proto=hops, x_host=0,
+                                x_port=0, x_prefix=0)
     return app
+
+
+def _trusted_proxies(raw: str) -> int:
+    """PGDISPATCH_TRUSTED_PROXIES: how many reverse proxies in front of the console (0..10)."""
+    value = raw.strip() or "0"
+    if not (value.isascii() and value.isdigit()) or int(value) > 10:
+        raise ValueError(f"PGDISPATCH_TRUSTED_PROXIES must be a whole number of proxies "
+                         f"0..10, got {raw!r}")
+    return int(value)
 
 
 def shutdown(app: Flask) -> None:

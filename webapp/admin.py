@@ -8,6 +8,8 @@ loses with "already … (last change by bob at …)" instead of overwriting some
 
 from __future__ import annotations
 
+import datetime as dt
+
 from flask import Blueprint, flash, render_template, request, url_for
 
 from pgdispatch.sql import InvalidInput, PgDispatchError, accounts, limits
@@ -139,9 +141,11 @@ def create_token():
     rendered here, never redirected through a flashed message in the session cookie."""
     back = url_for("admin.index")
     try:
-        made = accounts.issue_api_token(get_conn(), username=form_text("username", required=True),
-                                        name=form_text("name") or "api", actor=actor(),
-                                        reason=form_text("reason"))
+        days = _form_optional_int("expires_in_days", low=1, high=3650)
+        made = accounts.issue_api_token(
+            get_conn(), username=form_text("username", required=True),
+            name=form_text("name") or "api", actor=actor(), reason=form_text("reason"),
+            expires_at=None if days is None else dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=days))
     except PgDispatchError as exc:
         return respond(message=str(exc), category="error", status=exc.http_status, back=back)
     message = f"token {made['name']} created for {made['username']}: copy it now, it is not shown again"

@@ -3,20 +3,22 @@
 Every console page needs a signed-in user (checked before every request, so a new page
 cannot forget it); the JSON API authenticates by bearer token instead (``api.py``), and
 ``/metrics``, ``/healthz`` and the static files are public.
+
+The database decides a sign-in (``pgdispatch.sql.accounts.sign_in``: the login limit, the
+comparison of hashes and the audit are there, shared by every worker and host), and the
+signed session carries the account's id and session generation, checked on every request:
+signing out, a new password, disabling or a demotion moves the generation on and so ends
+every session of the account, copies of the cookie included.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 from typing import Any
 from urllib.parse import urlsplit
 
-from flask import (Blueprint, Flask, current_app, make_response, redirect, render_template,
-                   request, session, url_for)
-from flask_limiter import Limiter
-from flask_limiter.util import get_remote_address
+from flask import (Blueprint, Flask, make_response, redirect, render_template, request, session,
+                   url_for)
 from flask_login import LoginManager, UserMixin, current_user, login_user, logout_user
 
 from pgdispatch.sql import accounts
@@ -30,22 +32,17 @@ ROLE_RANK = {"viewer": 0, "operator": 1, "admin": 2}
 PUBLIC_ENDPOINTS = {"auth.login", "static", "metrics.metrics", "metrics.healthz"}
 
 
-def _fingerprint(password_hash: str) -> str:
-    # Part of the session's user id: setting a new password ends every other session.
-    return hashlib.sha256(password_hash.encode()).hexdigest()[:16]
-
-
 class Operator(UserMixin):
     """The signed-in account, re-read from the database on every request."""
 
     def __init__(self, row: dict[str, Any]):
-        self.id = row["id"]
+        self.id = row.get("user_id", row.get("id"))
         self.username = row["username"]
         self.role = row["role"]
-        self.fingerprint = _fingerprint(row["password_hash"])
+        self.session_generation = row["session_generation"]
 
     def get_id(self) -> str:
-        return f"{self.id}:{self.fingerprint}"
+        return f"{self.id}:{self.session_generation}"
 
     @property
     def can_act(self) -> bool:
@@ -59,33 +56,26 @@ class Operator(UserMixin):
 
 
 def init_app(app: Flask) -> None:
-    """Install Flask-Login, the login rate limit and the sign-in requirement."""
+    """Install Flask-Login and the sign-in requirement."""
     manager = LoginManager()
     manager.init_app(app)
     manager.user_loader(_load_user)
     manager.unauthorized_handler(_unauthorized)
     app.register_blueprint(bp)
-    # A limiter per application, memory storage: each web worker counts its own attempts.
-    limiter = Limiter(get_remote_address, app=app, storage_uri="memory://", default_limits=[],
-                      headers_enabled=False)
-    app.extensions["pgdispatch.limiter"] = limiter
-    app.view_functions["auth.login"] = limiter.limit(
-        lambda: current_app.config["LOGIN_RATE_LIMIT"], methods=["POST"],
-        error_message="too many sign-in attempts; wait a minute")(login)
     app.before_request(_require_login)
 
 
+def _is_small_number(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) <= 18
+
+
 def _load_user(session_id: str) -> Operator | None:
-    user_id, _, fingerprint = session_id.partition(":")
-    if not user_id.isascii() or not user_id.isdigit() or len(user_id) > 18:
-        return None
-    row = accounts.get_user(get_conn(), user_id=int(user_id))
-    if row is None or row["disabled_at"] is not None:
-        return None
-    user = Operator(row)
-    if not hmac.compare_digest(user.fingerprint, fingerprint):
-        return None  # the password changed since this session signed in
-    return user
+    user_id, _, generation = session_id.partition(":")
+    if not _is_small_number(user_id) or not _is_small_number(generation):
+        return None  # a session of an older version (or a forged one): sign in again
+    row = accounts.session_user(get_conn(), user_id=int(user_id),
+                                session_generation=int(generation))
+    return None if row is None else Operator(row)
 
 
 def _unauthorized():
@@ -128,7 +118,8 @@ def _local_path(path: str | None) -> str | None:
 
 @bp.route("/login", methods=["GET", "POST"])
 def login():
-    """Sign in with username and password (rate-limited per client address)."""
+    """Sign in with username and password (the login limit is the database's: per username
+    and per client address)."""
     next_path = _local_path(request.values.get("next"))
     if request.method == "GET":
         if current_user.is_authenticated:
@@ -136,26 +127,31 @@ def login():
         return render_template("auth/index.html", next=next_path, error=None)
     username = request.form.get("username", "")
     password = request.form.get("password", "")
-    user = None
+    result = {"outcome": "failed"}
     if 0 < len(username) <= 63 and "\x00" not in username and len(password) <= 1024:
-        user = accounts.authenticate(get_conn(), username=username, password=password)
-    if user is None:
+        result = accounts.sign_in(get_conn(), username=username, password=password,
+                                  address=request.remote_addr)
+    if result["outcome"] != "signed_in":
         # neither the password nor the username (it may be a password typed in the wrong box)
-        log.warning("failed sign-in from %s", request.remote_addr)
+        log.warning("%s sign-in from %s", result["outcome"], request.remote_addr)
+        limited = result["outcome"] == "limited"
+        error = ("too many failed sign-ins; wait a minute" if limited
+                 else "wrong username or password")
         return render_template("auth/index.html", next=next_path, username=username[:63],
-                               error="wrong username or password"), 401
+                               error=error), 429 if limited else 401
     session.clear()  # no session fixation: a fresh session for the signed-in user
-    login_user(Operator(user))
-    accounts.record_sign_in(get_conn(), username=user["username"], address=request.remote_addr)
+    login_user(Operator(result))
     return redirect(next_path or url_for("overview.index"), code=303)
 
 
 @bp.route("/logout", methods=["POST"])
 def logout():
-    """Sign out (POST with the CSRF token, like every state change); audited."""
+    """Sign out (POST with the CSRF token, like every state change): every session of the
+    account ends, here and elsewhere; audited."""
     if current_user.is_authenticated:
-        accounts.record_sign_out(get_conn(), username=current_user.username,
-                                 address=request.remote_addr)
+        accounts.sign_out(get_conn(), user_id=current_user.id,
+                          session_generation=current_user.session_generation,
+                          address=request.remote_addr)
     logout_user()
     session.clear()
     return redirect(url_for("auth.login"), code=303)

@@ -40,12 +40,11 @@ password_env = "ALICE_PASSWORD"
 """
 
 
-def run_pgdispatch(url: str, cwd: Path, *args: str, actor: str = "tester",
-                   **env_extra: str) -> subprocess.CompletedProcess:
+def run_pgdispatch(url: str, cwd: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess:
     """``pgdispatch ARGS`` with DATABASE_URL ``url`` in folder ``cwd``, no PGDISPATCH_*
-    setting but PGDISPATCH_ACTOR ``actor`` and ``env_extra``; waits for it (60 s at most)."""
+    setting but ``env_extra``; waits for it (60 s at most). Its actions are audited as the
+    URL's database login (the CLI names no actor of its own)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
-    env.update(DATABASE_URL=url, ALICE_PASSWORD=ALICE_PASSWORD, PGDISPATCH_ACTOR=actor,
-               **env_extra)
+    env.update(DATABASE_URL=url, ALICE_PASSWORD=ALICE_PASSWORD, **env_extra)
     return subprocess.run([sys.executable, "-m", "pgdispatch", *args], env=env, cwd=cwd,
                           capture_output=True, text=True, timeout=60)

@@ -52,7 +52,7 @@ def test_submit_show_explain(pgd, conn):
     assert shown["priority"] == 5 and shown["attempts"] == []
     audit = conn.execute("SELECT actor, action FROM audit_events WHERE subject = %s",
                          (f"job:{job['id']}",)).fetchall()
-    assert [(a["actor"], a["action"]) for a in audit] == [("tester", "submit_job")]
+    assert [(a["actor"], a["action"]) for a in audit] == [(conn.info.user, "submit_job")]
     explained = json.loads(pgd("jobs", "explain", str(job["id"])).stdout)
     assert explained["reason"] == "no_authorized_runner"
     assert "no live runner serves pool linux" in explained["reasons"][0]["message"]
@@ -77,13 +77,14 @@ def test_jobs_list_pages_the_newest_jobs_and_filters_by_state(pgd, conn):
 def test_pause_resume_are_audited_and_conditional(pgd, conn):
     pgd("projects", "pause", "web", "--reason", "release freeze")
     again = pgd("projects", "pause", "web", "--reason", "x", check=False)
-    assert again.returncode == 4 and "already paused by tester" in again.stderr
+    assert again.returncode == 4 and f"already paused by {conn.info.user}" in again.stderr
     assert len(again.stderr.strip().splitlines()) == 1
     pgd("projects", "resume", "web")
     rows = conn.execute("SELECT actor, action, reason FROM audit_events WHERE subject = 'project:web' "
                         "ORDER BY id").fetchall()
-    assert [(r["actor"], r["action"]) for r in rows] == [("tester", "pause_project"),
-                                                        ("tester", "resume_project")]
+    # the database login acts: the CLI has no actor flag or variable of its own
+    assert [(r["actor"], r["action"]) for r in rows] == [(conn.info.user, "pause_project"),
+                                                        (conn.info.user, "resume_project")]
     assert rows[0]["reason"] == "release freeze"
 
 
@@ -144,8 +145,9 @@ def test_a_token_created_from_the_cli_is_audited_without_the_token(pgd, conn):
     events = conn.execute("SELECT actor, action, subject, details::text AS details FROM audit_events "
                           "WHERE action = 'create_api_token'").fetchall()
     stored = conn.execute("SELECT id, name FROM api_tokens").fetchall()
-    assert [e["actor"] for e in events] == ["tester"] and events[0]["subject"] == "user:alice"
-    assert json.loads(events[0]["details"]) == {"token_id": stored[0]["id"], "name": "ci"}
+    assert [e["actor"] for e in events] == [conn.info.user] and events[0]["subject"] == "user:alice"
+    assert json.loads(events[0]["details"]) == {"token_id": stored[0]["id"], "name": "ci",
+                                                "expires_at": None}
     assert token not in events[0]["details"]
     before = (count(conn, "api_tokens"), count(conn, "audit_events"))
     proc = pgd("tokens", "create", "--user", "mallory", check=False)
@@ -221,7 +223,7 @@ def test_unmigrated_database_says_so(server_url, tmp_path):
         assert proc.returncode == 2 and "pgdispatch db upgrade" in proc.stderr
         up = subprocess.run([sys.executable, "-m", "pgdispatch", "db", "upgrade", "--json"], env=env,
                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
-        assert up.returncode == 0 and json.loads(up.stdout)["applied"] == ["0001_baseline", "0002_claim_tombstones", "0003_audit_login", "0005_runner_grants"]
+        assert up.returncode == 0 and json.loads(up.stdout)["applied"] == ["0001_baseline", "0002_claim_tombstones", "0003_audit_login", "0004_sessions_and_tokens", "0005_runner_grants"]
     finally:
         with db.connect(server_url) as c:
             c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -18,7 +18,7 @@ def test_every_database_command_works_through_the_pooler(world, db_url, pgbounce
     (tmp_path / "config.toml").write_text(CONFIG)
 
     def ok(*args: str) -> str:
-        proc = run_pgdispatch(pooled, tmp_path, *args, actor="pooled")
+        proc = run_pgdispatch(pooled, tmp_path, *args)
         assert (proc.returncode, proc.stderr) == (0, ""), (args, proc.stderr)
         return proc.stdout
 
@@ -47,8 +47,8 @@ def test_every_database_command_works_through_the_pooler(world, db_url, pgbounce
                                      "--note", "checked: not deployed")
     assert ok("tokens", "create", "--user", "alice").startswith("pgd_")
     assert "applied 0 migration(s)" in ok("db", "upgrade")
-    assert world.conn.execute("SELECT count(*) AS n FROM audit_events WHERE actor = 'pooled'"
-                              ).fetchone()["n"] >= 8
+    assert world.conn.execute("SELECT count(*) AS n FROM audit_events WHERE actor = %s",
+                              (world.conn.info.user,)).fetchone()["n"] >= 8
 
 
 def test_the_cli_check_fails_with_server_side_prepared_statements(db_url, pgbouncer_url, tmp_path):

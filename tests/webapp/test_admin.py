@@ -139,7 +139,8 @@ def test_two_admins_demoting_each_other_at_once_leave_one_admin(db_url, world):
     assert roles == {"ada": "admin", "grace": "operator"}
 
 
-def test_disabling_ends_sessions_and_tokens_and_enabling_restores(app, admin, signed_in, world):
+def test_disabling_ends_sessions_and_revokes_tokens_and_enabling_revives_neither(app, admin, signed_in,
+                                                                                 world):
     world.setup()
     alice = signed_in("alice")
     token = create_api_token(world.conn, username="alice", name="ci")
@@ -153,7 +154,12 @@ def test_disabling_ends_sessions_and_tokens_and_enabling_restores(app, admin, si
     twice = _post(admin, "/admin/users/alice/disable", htmx=True)
     assert twice.status_code == 409 and b"alice is already disabled (last change by ada" in twice.data
     assert _post(admin, "/admin/users/alice/enable").status_code == 303
-    assert api.get("/api/v1/jobs/1", headers=auth).status_code == 404
+    # the token was revoked with the disable, and the old session ended: neither comes back
+    assert api.get("/api/v1/jobs/1", headers=auth).status_code == 401
+    assert alice.get("/").status_code == 302
+    assert world.conn.execute("SELECT revoked_at IS NOT NULL AS r FROM api_tokens WHERE name = 'ci'"
+                              ).fetchone()["r"]
+    assert login(app.test_client(), "alice").status_code == 303
     assert [e["action"] for e in world.conn.execute(
         "SELECT action FROM audit_events WHERE subject = 'user:alice' AND actor = 'ada' ORDER BY id")] \
         == ["disable_user", "enable_user"]
@@ -164,7 +170,7 @@ def test_setting_a_password_signs_out_that_users_other_sessions(app, admin, sign
     assert victor.get("/").status_code == 200
     response = _post(admin, "/admin/users/victor/password", {"password": "a brand new password"})
     assert response.status_code == 303
-    assert victor.get("/").status_code == 302  # the old session carried the old hash's fingerprint
+    assert victor.get("/").status_code == 302  # the password change moved the session generation on
     assert login(app.test_client(), "victor").status_code == 401
     assert login(app.test_client(), "victor", "a brand new password").status_code == 303
     [event] = _events(world.conn, "set_user_password")

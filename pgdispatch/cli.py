@@ -14,6 +14,7 @@ import datetime as dt
 import decimal
 import json
 import logging
+import os
 import socket
 import sys
 import uuid
@@ -530,6 +531,7 @@ def web_cmd(obj: Context, bind: str | None, workers: int) -> None:
     settings = obj.settings.with_overrides(bind=bind)
     _check_bind(settings.bind)
     logging.getLogger().setLevel(logging.INFO)
+    from pgdispatch.sql import logins
     from pgdispatch.webapp import serve
     # the embedded server: the console's own login (pgdispatch_web: reads without secrets,
     # the operator and account transitions; sign-in is a function, sql/functions/accounts.sql)

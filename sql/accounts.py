@@ -21,7 +21,7 @@ from typing import Any
 import argon2.low_level
 from argon2 import PasswordHasher
 
-from .audit import _optional_reason
+from .audit import optional_reason
 from .db import transition
 from .errors import InvalidInput
 from .queries import Q
@@ -210,7 +210,7 @@ def create_user(conn, *, username: str, password: str, role: str, actor: str | N
     if role not in ROLES:
         raise InvalidInput(f"role must be one of {', '.join(ROLES)}")
     return Q.create_user(conn, username=username, password_hash=hash_password(password),
-                         role=role, reason=_optional_reason(reason), actor=actor)
+                         role=role, reason=optional_reason(reason), actor=actor)
 
 
 @transition("set_user_role", one_statement=True)
@@ -225,7 +225,7 @@ def set_user_role(conn, *, username: str, role: str, expected_role: str, actor: 
     """
     check_text("username", username, max_len=63)
     return Q.set_user_role(conn, username=username, role=role, expected_role=expected_role,
-                           reason=_optional_reason(reason), actor=actor)
+                           reason=optional_reason(reason), actor=actor)
 
 
 @transition("set_user_disabled", one_statement=True)
@@ -241,7 +241,7 @@ def set_user_disabled(conn, *, username: str, is_disabled: bool, actor: str | No
     """
     check_text("username", username, max_len=63)
     return Q.set_user_disabled(conn, username=username, is_disabled=bool(is_disabled),
-                               reason=_optional_reason(reason), actor=actor)
+                               reason=optional_reason(reason), actor=actor)
 
 
 @transition("set_user_password", one_statement=True)
@@ -251,7 +251,7 @@ def set_user_password(conn, *, username: str, password: str, actor: str | None,
     Audited without the password. Raises InvalidInput, NotFound."""
     check_text("username", username, max_len=63)
     return Q.set_user_password(conn, username=username, password_hash=hash_password(password),
-                               reason=_optional_reason(reason), actor=actor)
+                               reason=optional_reason(reason), actor=actor)
 
 
 @transition("issue_api_token", one_statement=True)
@@ -275,7 +275,7 @@ def issue_api_token(conn, *, username: str, name: str, actor: str | None,
         raise InvalidInput("the expiry must be a time with its time zone")
     token = "pgd_" + secrets.token_urlsafe(32)
     made = Q.create_api_token(conn, username=username, name=name, token_hash=token_digest(token),
-                              expires_at=expires_at, reason=_optional_reason(reason), actor=actor)
+                              expires_at=expires_at, reason=optional_reason(reason), actor=actor)
     return {**made, "token": token}
 
 
@@ -288,4 +288,4 @@ def revoke_api_token(conn, *, token_id: int, actor: str | None,
     Raises: NotFound; AlreadyResolved when it is already revoked.
     """
     token_id = check_int("token id", token_id, 1, 2**63 - 1)
-    return Q.revoke_api_token(conn, token_id=token_id, reason=_optional_reason(reason), actor=actor)
+    return Q.revoke_api_token(conn, token_id=token_id, reason=optional_reason(reason), actor=actor)

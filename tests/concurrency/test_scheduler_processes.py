@@ -95,13 +95,13 @@ def test_six_scheduler_processes_run_every_job_exactly_once_within_limits(world,
             while world.conn.execute("SELECT count(*) AS n FROM jobs WHERE finished_at IS NULL"
                                      ).fetchone()["n"]:
                 dead = [path.name for p, path in procs if p.poll() is not None]
-                assert not dead, f"schedulers exited: {dead}\n{logs(procs)}"
-                assert time.monotonic() < deadline, f"jobs left after {DEADLINE_S} s\n{logs(procs)}"
+                assert not dead, f"schedulers exited: {dead}\n{processes.logs(procs)}"
+                assert time.monotonic() < deadline, f"jobs left after {DEADLINE_S} s\n{processes.logs(procs)}"
                 time.sleep(0.2)
         elapsed = time.monotonic() - started
     finally:
         exit_codes = processes.stop(procs)
-    assert exit_codes == [0] * SCHEDULERS, logs(procs)
+    assert exit_codes == [0] * SCHEDULERS, processes.logs(procs)
 
     c = world.conn
     span = c.execute("SELECT extract(epoch FROM max(finished_at) - min(claimed_at))::float8 AS s, "

@@ -43,8 +43,10 @@ def test_approval_required(world):
     world.setup()
     world.runner()
     job = world.job(requires_approval=True)
+    # no actor named: the database records the login that submitted it (pgd_authorize)
+    login = world.conn.execute("SELECT session_user AS u").fetchone()["u"]
     assert explain(world, job["id"])[:2] == ("approval_required",
-                                             "waiting for an operator's approval (asked for at submission by cli)")
+                                             f"waiting for an operator's approval (asked for at submission by {login})")
 
 
 def test_approval_required_names_the_protected_targets_rule(world):

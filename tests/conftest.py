@@ -87,6 +87,9 @@ def server_url(tmp_path_factory):
     # for their proxies name no passfile, so libpq finds the password through PGPASSFILE
     server, url = embedded.start_server(base, cleanup_mode="delete")
     os.environ["PGPASSFILE"] = str(embedded.passfile(base))
+    # PgBouncer (tests/pooling/pgbouncer.py) runs as the server's user, which must reach the
+    # socket in base/pgdata: traverse, no listing (the password file stays 0600, root's)
+    os.chmod(base, 0o711)
     with db.connect(url) as conn:
         for name, value in NOT_DURABLE.items():
             conn.execute(f"ALTER SYSTEM SET {name} = {value}")

@@ -149,6 +149,8 @@ def from_settings(settings: Settings) -> Sandbox:
     """
     user = resolve_run_as(settings.run_as) if settings.run_as else None
     sandbox = Sandbox(user=user, env_allow=tuple(settings.job_env_allow))
+    if user is not None:
+        log.info("jobs run as %s (uid %d, gid %d)", user.name, user.uid, user.gid)
     warn_if_root(sandbox)
     return sandbox
 

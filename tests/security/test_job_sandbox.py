@@ -169,6 +169,8 @@ def test_a_job_run_as_another_user_reaches_no_credential(runner_host):
                                         "PGDISPATCH_GENERATION"}, report["env_names"]
     # it did try the database: the server's socket is out of its reach
     assert report["connections"], report
+    log = (folder / "scheduler.log").read_text()
+    assert f"jobs run as {JOB_USER} (uid {user.pw_uid}" in log and "AS ROOT" not in log
 
 
 def test_the_same_job_under_a_scheduler_without_run_as_gets_the_credentials(runner_host):
@@ -180,6 +182,7 @@ def test_the_same_job_under_a_scheduler_without_run_as_gets_the_credentials(runn
     assert any(leak.startswith("read data directory files") for leak in leaks), leaks
     assert "its output holds the database password" in leaks
     assert report["uid"] == 0
+    assert "RUNNING JOBS AS ROOT" in (folder / "scheduler.log").read_text()
 
 
 def test_run_as_refuses_a_missing_user_and_a_scheduler_that_cannot_switch(tmp_path):

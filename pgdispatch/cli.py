@@ -491,6 +491,10 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
                    "DATABASE_URL goes through transaction pooling. Without it, a scheduler "
                    "whose DATABASE_URL goes through a pooler does not listen and polls. "
                    "Env: PGDISPATCH_LISTEN_URL.")
+@click.option("--run-as", "run_as", default=None, metavar="USER",
+              help="Run every job as this unprivileged OS user (the scheduler must be root): "
+                   "its own uid and group, a fresh working directory, no credential of the "
+                   "scheduler. Env: PGDISPATCH_RUN_AS.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               envvar="PGDISPATCH_METRICS_PORT",
               help="Serve this process's Prometheus metrics on this port (0: any free port, "
@@ -502,10 +506,22 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
 @click.pass_obj
 def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | None,
                   grace_seconds: float, max_batch: int, listen: bool, listen_url: str | None,
-                  metrics_port: int | None, metrics_addr: str) -> None:
+                  run_as: str | None, metrics_port: int | None, metrics_addr: str) -> None:
     """Run a scheduler process until SIGTERM/SIGINT."""
     logging.getLogger().setLevel(logging.INFO)
     from pgdispatch.scheduler import main as scheduler_main
+    from pgdispatch.scheduler import sandbox as sandboxes
+    from pgdispatch.sql.db import has_password
+
+    if listen_url and has_password(listen_url) and click.get_current_context(
+            ).get_parameter_source("listen_url") == click.core.ParameterSource.COMMANDLINE:
+        # every local user, a job included, reads /proc/<pid>/cmdline
+        raise InvalidInput("--listen-url: a password on the command line is readable by every "
+                           "local user; pass the URL in PGDISPATCH_LISTEN_URL, or the password "
+                           "in a passfile")
+    # before the database is touched: a user it cannot run jobs as changes nothing
+    settings = obj.settings.with_overrides(run_as=run_as)
+    sandbox = sandboxes.from_settings(settings)
 
     watch = None
     if metrics_port is not None:
@@ -515,10 +531,11 @@ def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | 
         watch = Exporter(port=metrics_port, addr=metrics_addr).watch
     from pgdispatch.sql import logins
 
-    code = scheduler_main.run(obj.settings, database_url=obj.url_as(logins.runner_login(name), "scheduler"),
+    code = scheduler_main.run(settings, database_url=obj.url_as(logins.runner_login(name), "scheduler"),
                               pools=list(pools), slots=slots,
                               name=name, grace_seconds=grace_seconds, max_batch=max_batch,
-                              listen=listen, listen_url=listen_url or None, watch=watch)
+                              listen=listen, listen_url=listen_url or None, watch=watch,
+                              sandbox=sandbox)
     sys.exit(code)
 
 

@@ -7,6 +7,10 @@ builds of 1–8 s of which some fail and retry, pipelines whose deployments depe
 production deployment that needs approval, and now and then a third scheduler killed with
 SIGKILL mid-deployment so that an uncertain target appears for the operator to resolve.
 Ctrl-C stops every process it started, then the embedded server.
+
+Started as root, its schedulers run the jobs as the user ``pgdispatch-job`` (PGDISPATCH_RUN_AS
+chooses another), created with useradd when missing, else ``nobody``: never as root
+(scheduler/sandbox.py).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import pwd
 import random
 import secrets
 import signal
@@ -125,6 +130,35 @@ def _deploy_command(target: str, seconds: float) -> list[str]:
     return ["sh", "-c", f'echo "deploying to {target}"; sleep {seconds:.1f}; echo "{target} healthy"']
 
 
+DEMO_JOB_USER = "pgdispatch-job"
+
+
+def demo_job_user(settings: Settings) -> str | None:
+    """Whom the demo's schedulers run jobs as: ``settings.run_as``, else (when root)
+    DEMO_JOB_USER, made with useradd if missing (a system user with no login shell and no
+    home), else ``nobody``; None when not root (the jobs then run as this user, who cannot
+    switch)."""
+    if settings.run_as:
+        return settings.run_as
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam(DEMO_JOB_USER)
+        return DEMO_JOB_USER
+    except KeyError:
+        pass
+    try:
+        subprocess.run(["useradd", "--system", "--user-group", "--no-create-home",
+                        "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
+                        DEMO_JOB_USER], check=True, capture_output=True, timeout=30)
+        log.info("demo: created the user %s to run the jobs as", DEMO_JOB_USER)
+        return DEMO_JOB_USER
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("demo: could not create the user %s (%s); jobs run as nobody",
+                    DEMO_JOB_USER, exc)
+        return "nobody"
+
+
 class Demo:
     """The demo's processes and workload; ``stop()`` ends them all."""
 
@@ -141,7 +175,8 @@ class Demo:
     # -- processes -----------------------------------------------------------------------
     def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
         log_path = self.settings.data_dir / f"{name}.log"
-        out = open(log_path, "ab")
+        # 0600 like everything in the data directory (sql/embedded.py, make_private)
+        out = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
         proc = subprocess.Popen([sys.executable, "-m", "pgdispatch", *args], env={**self.env, **(env or {})},
                                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
@@ -159,8 +194,13 @@ class Demo:
                                 env={"PGDISPATCH_DEMO_PASSWORD": password})
         self.password = password
         secret = self.settings.resolved_secret_key()
+        # by environment, never on a command line (readable by every local user in /proc)
         self.env = {**os.environ, **DEMO_ENV, "DATABASE_URL": self.url,
                     "PGDISPATCH_SECRET_KEY": secret, "PGDISPATCH_DATA_DIR": str(self.settings.data_dir)}
+        job_user = demo_job_user(self.settings)
+        if job_user:
+            self.env["PGDISPATCH_RUN_AS"] = job_user
+        embedded.make_private(self.settings.data_dir)
         self._spawn("scheduler-a", "scheduler", "--pool", "linux", "--pool", "macos", "--pool", "deploy",
                     "--slots", "4", "--name", "demo-a", "--grace-seconds", "5",
                     env={"DATABASE_URL": self._runner_url("demo-a")})

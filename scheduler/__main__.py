@@ -1,5 +1,5 @@
 """``python -m scheduler --pool Q [--pool Q2] --slots N [--name NAME] [--grace-seconds S]
-[--max-batch N] [--no-listen]``:
+[--max-batch N] [--no-listen] [--run-as USER]``:
 the same flags as ``pgdispatch scheduler``, settings from the environment (Settings.from_env)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pgdispatch.sql.embedded import database_url
 
 from .claiming import DEFAULT_MAX_BATCH
 from .main import run
+from .sandbox import from_settings
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,12 +26,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace-seconds", type=float, default=30.0)
     parser.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
     parser.add_argument("--listen", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--run-as", dest="run_as")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        settings = Settings.from_env()
-        return run(settings, database_url=database_url(settings), pools=args.pools,
+        settings = Settings.from_env().with_overrides(run_as=args.run_as)
+        sandbox = from_settings(settings)  # refused before the database is touched
+        return run(settings, database_url=database_url(settings), pools=args.pools, sandbox=sandbox,
                    slots=args.slots, name=args.name, grace_seconds=args.grace_seconds,
                    max_batch=args.max_batch, listen=args.listen)
     except PgDispatchError as exc:

@@ -4,6 +4,8 @@ One ``Execution`` per claim, on its own thread. It ties together four parts, a m
 
 * supervision.py: the command in its own process group (``start_new_session``), so that every
   way of stopping it reaches the whole tree and nothing the job started outlives it;
+* sandbox.py: as whom, where and with which environment it runs (``--run-as``, a fresh
+  working directory removed afterwards, an allow-listed environment);
 * heartbeats.py: the thread that extends the lease while the command runs;
 * output.py: the last 64 KiB of the command's output, kept in memory;
 * reporting.py: the outcome recorded in the database, sent again after a lost answer, and
@@ -44,6 +46,7 @@ from pgdispatch.sql.transitions import Claim
 from .heartbeats import Heartbeat
 from .output import OutputTail
 from .reporting import CompletionReporter, report_outcome
+from .sandbox import Sandbox
 from .supervision import CommandNotStarted, Supervisor, end_command, start_command
 
 log = logging.getLogger(__name__)
@@ -98,14 +101,18 @@ class Execution:
             batched); None: this execution reports alone with ``transitions.complete``.
         watchdog: the scheduler's ``watchdog.Watchdog``, armed for the command's process
             group while it runs; None: no watchdog.
+        sandbox: how the command is started (sandbox.Sandbox); default: as this process's
+            user, in a fresh directory, with the allow-listed environment.
     """
 
     def __init__(self, claim: Claim, *, pool, settings: Settings, sent_at: float,
                  kill_grace_seconds: float = 5.0,
                  on_started: Callable[[Claim, int], None] | None = None,
                  on_completed: Callable[[ExecutionResult], None] | None = None,
-                 watchdog=None, reporter: CompletionReporter | None = None):
+                 watchdog=None, reporter: CompletionReporter | None = None,
+                 sandbox: Sandbox | None = None):
         self.claim = claim
+        self.sandbox = sandbox or Sandbox()
         self.reporter = reporter or CompletionReporter(pool, settings, max_batch=1)
         self.watchdog = watchdog
         self.pool = pool
@@ -163,9 +170,16 @@ class Execution:
                     log.exception("on_completed callback failed")
 
     def _execute(self, started: float) -> ExecutionResult:
+        workdir = self.sandbox.make_workdir(self.claim)
+        try:
+            return self._execute_in(started, workdir)
+        finally:
+            self.sandbox.remove_workdir(workdir)
+
+    def _execute_in(self, started: float, workdir) -> ExecutionResult:
         claim = self.claim
         try:
-            proc = start_command(claim)
+            proc = start_command(claim, sandbox=self.sandbox, workdir=workdir)
         except CommandNotStarted as exc:
             log.info("job %d attempt %d: could not start: %s", claim.job_id, claim.attempt_no,
                      exc.error)

@@ -34,12 +34,13 @@ from pgdispatch.sql.scheduling import (check_listen_url, listen_for_work, make_s
 from pgdispatch.sql.transitions import Claim
 from pgdispatch.sql.validate import check_max_batch
 
-from . import expiry, runner_row, summaries
+from . import expiry, runner_row, sandbox as sandboxes, summaries
 from .claiming import DEFAULT_MAX_BATCH, Claimer
 from .executor import Execution, ExecutionResult
 from .heartbeats import fence_margin_seconds
 from .periodic import Periodic
 from .reporting import CompletionReporter
+from .sandbox import Sandbox
 from .watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class Scheduler:
             to ``database_url``. When None the listener uses ``database_url``, unless that
             goes through a pooler: then it does not listen (one warning; see
             listen_for_work), since behind transaction pooling a LISTEN hears nothing.
+        sandbox: how jobs' commands are started (sandbox.Sandbox: ``--run-as``, the
+            environment's allow-list); default: as this process's user.
         on_claimed(claim), on_started(claim, pid), on_completed(ExecutionResult): test
             signals, called from worker threads (River-style): wait on them instead of
             sleeping. on_completed is called for every claim, reported or not.
@@ -83,7 +86,7 @@ class Scheduler:
     def __init__(self, settings: Settings, *, database_url: str, pools: list[str], slots: int,
                  name: str | None = None, kill_grace_seconds: float = 5.0,
                  max_batch: int = DEFAULT_MAX_BATCH, listen: bool = True,
-                 listen_url: str | None = None,
+                 listen_url: str | None = None, sandbox: Sandbox | None = None,
                  on_claimed: Callable[[Claim], None] | None = None,
                  on_started: Callable[[Claim, int], None] | None = None,
                  on_completed: Callable[[ExecutionResult], None] | None = None):
@@ -96,6 +99,7 @@ class Scheduler:
         self.max_batch = check_max_batch(max_batch)
         self.listen = listen
         self.listen_url = check_listen_url(listen_url) if listen_url else None
+        self.sandbox = sandbox or Sandbox(env_allow=tuple(settings.job_env_allow))
         self.on_claimed = on_claimed
         self.on_started = on_started
         self.on_completed = on_completed
@@ -297,7 +301,8 @@ class Scheduler:
         execution = Execution(claim, pool=self._db, settings=self.settings, sent_at=sent_at,
                               kill_grace_seconds=self.kill_grace_seconds,
                               on_started=self.on_started, on_completed=self._completed,
-                              watchdog=self._watchdog, reporter=self._reporter)
+                              watchdog=self._watchdog, reporter=self._reporter,
+                              sandbox=self.sandbox)
         with self._changed:
             self._active[claim.attempt_id] = execution
             self._changed.notify_all()
@@ -348,7 +353,7 @@ def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
         name: str | None = None, grace_seconds: float = 30.0,
         max_batch: int = DEFAULT_MAX_BATCH, listen: bool = True,
         listen_url: str | None = None, stop_event: threading.Event | None = None,
-        watch: Callable[[Scheduler], None] | None = None) -> int:
+        watch: Callable[[Scheduler], None] | None = None, sandbox: Sandbox | None = None) -> int:
     """Run a scheduler until SIGTERM/SIGINT (or ``stop_event``), then drain and stop.
 
     Registers the runner row (``name``, default ``hostname:pid``) for ``pools`` with
@@ -358,24 +363,28 @@ def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
     it starts (``pgdispatch.scheduler.metrics.Exporter.watch``: this process's metrics endpoint).
     ``max_batch``: most builds claimed, and most outcomes reported, in one transaction
     (1 turns batching off). ``listen``: wake on NOTIFY as well as polling; ``listen_url``:
-    the session route the listener uses (see Scheduler).
+    the session route the listener uses (see Scheduler). ``sandbox``: how jobs are started;
+    default ``sandbox.from_settings(settings)`` (``settings.run_as``, checked first).
 
     Returns:
         0, the process exit code, once stopped.
     Raises:
-        NotFound: a pool name is unknown. InvalidInput: bad slots, name, max_batch or listen_url.
-        (Nothing is then written.)
+        NotFound: a pool name is unknown. InvalidInput: bad slots, name, max_batch or
+        listen_url, or a run_as user this process cannot run jobs as. (Nothing is then
+        written.)
     """
     if logging.getLogger("apscheduler").level == logging.NOTSET:
         # APScheduler logs every run of every job at INFO: several lines a second here.
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    if sandbox is None:
+        sandbox = sandboxes.from_settings(settings)
     stop_event = stop_event if stop_event is not None else threading.Event()
     hurry = threading.Event()
     restore = _install_signal_handlers(stop_event, hurry)
     try:
         scheduler = Scheduler(settings, database_url=database_url, pools=pools, slots=slots,
                               name=name, max_batch=max_batch, listen=listen,
-                              listen_url=listen_url)
+                              listen_url=listen_url, sandbox=sandbox)
         if watch is not None:
             watch(scheduler)
         if not scheduler.start(stop_event=stop_event):

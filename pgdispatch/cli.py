@@ -531,7 +531,14 @@ def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | 
         watch = Exporter(port=metrics_port, addr=metrics_addr).watch
     from pgdispatch.sql import logins
 
-    code = scheduler_main.run(settings, database_url=obj.url_as(logins.runner_login(name), "scheduler"),
+    url = obj.url_as(logins.runner_login(name), "scheduler")
+    if not obj.settings.database_url:
+        added = logins.grant_pools(obj.server_url, logins.runner_login(name), list(pools))
+        if added:
+            logging.getLogger("pgdispatch.cli").info(
+                "embedded server: runner login %s granted pools %s", logins.runner_login(name),
+                ", ".join(added))
+    code = scheduler_main.run(settings, database_url=url,
                               pools=list(pools), slots=slots,
                               name=name, grace_seconds=grace_seconds, max_batch=max_batch,
                               listen=listen, listen_url=listen_url or None, watch=watch,

@@ -89,6 +89,21 @@ name = "staging"
 
 [[targets]]
 name = "production"
+requires_approval = true
+
+# each demo scheduler logs in as its own runner login (sql/logins.py); the server, not its
+# --pool, decides which pools it may take
+[[runners]]
+login = "pgdispatch_runner_demo_a"
+pools = ["linux", "macos", "deploy"]
+
+[[runners]]
+login = "pgdispatch_runner_demo_b"
+pools = ["linux"]
+
+[[runners]]
+login = "pgdispatch_runner_demo_chaos"
+pools = ["deploy"]
 
 [[users]]
 username = "operator"

@@ -82,3 +82,8 @@ SELECT id, name FROM organizations WHERE name = ANY (CAST(:names AS text[])) ORD
 -- name: lock_declared_pools
 -- Lock the existing pools a config names, by id (after its organizations).
 SELECT id, name FROM pools WHERE name = ANY (CAST(:names AS text[])) ORDER BY id FOR NO KEY UPDATE;
+
+-- name: list_runner_login_pools$
+-- The names of the pools granted to a runner host's login, sorted. Read-only.
+SELECT ARRAY(SELECT q.name FROM runner_grants g JOIN pools q ON q.id = g.pool_id
+              WHERE g.login = :login ORDER BY q.name);

@@ -87,3 +87,30 @@ def login_url(url: str, user: str, passfile: Path) -> str:
     query.append(("passfile", str(passfile)))
     return urlunsplit((parts.scheme, f"{quote(user)}@{host}", parts.path, urlencode(query),
                        parts.fragment))
+
+
+def grant_pools(superuser_url: str, login: str, pools: list[str]) -> list[str]:
+    """On the embedded server, grant runner login ``login`` the pools it is started for
+    (those that exist), adding to its grants, never removing one; returns the pools newly
+    granted, each audited (``grant_runner_pools`` by the server's superuser).
+
+    The embedded server is the local operator's own: whoever may start its scheduler may
+    also apply a ``[[runners]]`` grant, so a plain ``pgdispatch scheduler --pool linux``
+    there works without one. With DATABASE_URL set nothing grants itself: the apply file's
+    ``[[runners]]`` does (docs/operations.md, "Runner hosts and protected targets").
+    """
+    import json
+
+    from .db import connect
+    from .queries import Q
+
+    with connect(superuser_url, application_name="pgdispatch-logins") as conn, conn.transaction():
+        before = set(Q.list_runner_login_pools(conn, login=login) or [])
+        Q.grant_runner_pools(conn, login=login, pools=pools)
+        added = sorted(set(Q.list_runner_login_pools(conn, login=login) or []) - before)
+        if added:
+            actor = conn.execute("SELECT session_user AS u").fetchone()["u"]
+            Q.record_event(conn, actor=actor, action="grant_runner_pools", subject=f"login:{login}",
+                           reason="embedded server: the scheduler's own pools",
+                           details=json.dumps({"pools": added}))
+    return added

@@ -14,6 +14,7 @@ import datetime as dt
 import decimal
 import json
 import logging
+import math
 import os
 import socket
 import sys
@@ -99,6 +100,20 @@ class Context:
         return db.connect(self.url, application_name="pgdispatch-cli",
                           statement_deadline_seconds=self.settings.statement_deadline_seconds,
                           prepare_threshold=self.settings.prepare_threshold)
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange, which lets NaN through (every comparison with it is false) and
+    inf where there is no maximum: a number of seconds must be a finite one."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return number
+
+
+MAX_BIGINT = 2**63 - 1
 
 
 
@@ -260,7 +275,7 @@ def jobs_show(obj: Context, job_id: int) -> None:
 @click.option("--state", type=click.Choice(JOB_STATES), default=None,
               help="Only jobs in this state.")
 @click.option("--limit", type=click.IntRange(1, 500), default=20, show_default=True)
-@click.option("--before-id", type=click.IntRange(1), default=None,
+@click.option("--before-id", type=click.IntRange(1, MAX_BIGINT), default=None,
               help="Only jobs with a smaller id (the next page: the last id shown).")
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
 @click.pass_obj
@@ -476,7 +491,7 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
 @click.option("--pool", "pools", multiple=True, required=True, help="Pool to serve (repeatable).")
 @click.option("--slots", type=click.IntRange(1, 10000), required=True, help="Jobs run at once.")
 @click.option("--name", default=None, help="Runner name (default host:pid).")
-@click.option("--grace-seconds", type=click.FloatRange(0, 86400), default=30.0, show_default=True,
+@click.option("--grace-seconds", type=FiniteFloatRange(0, 86400), default=30.0, show_default=True,
               help="On SIGTERM, how long running jobs may finish before being handed back.")
 @click.option("--max-batch", type=click.IntRange(1, MAX_BATCH_LIMIT), default=10, show_default=True,
               envvar="PGDISPATCH_MAX_BATCH",
@@ -581,7 +596,7 @@ def _check_bind(bind: str) -> None:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, int(port)))
-        except (socket.gaierror, UnicodeError):
+        except (socket.gaierror, UnicodeError, TypeError):  # TypeError: a host not encodable
             raise InvalidInput(f"bind: unknown host {host!r}") from None
         except OSError as exc:
             raise Conflict(f"cannot listen on {bind}: {exc.strerror or exc}") from None
@@ -589,7 +604,7 @@ def _check_bind(bind: str) -> None:
 
 @cli.command("demo")
 @click.option("--bind", default=None, help="Console address (default 127.0.0.1:8000).")
-@click.option("--duration", type=click.FloatRange(0), default=0, help="Stop after this many seconds (0: until Ctrl-C).")
+@click.option("--duration", type=FiniteFloatRange(0), default=0, help="Stop after this many seconds (0: until Ctrl-C).")
 @click.pass_obj
 def demo_cmd(obj: Context, bind: str | None, duration: float) -> None:
     """Everything on an embedded server with a steady demo workload; Ctrl-C stops it all."""
@@ -614,7 +629,7 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("error: aborted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
-        click.echo(f"error: {exc.format_message()}", err=True)
+        click.echo(f"error: {_one_line(exc.format_message())}", err=True)
         sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code or 1)
     except PgDispatchError as exc:
         click.echo(f"error: {_one_line(str(exc))}", err=True)
@@ -631,5 +646,10 @@ def main(argv: list[str] | None = None) -> None:
     sys.exit(0)
 
 
+# An error line quotes what was given: a 100 000-character argument is shown cut.
+MAX_ERROR_CHARS = 300
+
+
 def _one_line(message: str) -> str:
-    return " ".join(message.split()) or "failed"
+    line = " ".join(message.split()) or "failed"
+    return line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS - 1] + "…"

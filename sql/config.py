@@ -71,8 +71,11 @@ def load_config(text: str, env: dict[str, str] | None = None) -> dict[str, list[
     env = os.environ if env is None else env
     try:
         doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InvalidInput(f"not valid TOML: {exc}") from None
+    except RecursionError:
+        # tomllib recurses per nested array or inline table; no valid file nests past four
+        raise InvalidInput("not valid TOML: arrays or inline tables nested too deeply") from None
+    except ValueError as exc:  # TOMLDecodeError; an integer of more than 4300 digits
+        raise InvalidInput(f"not valid TOML: {' '.join(str(exc).split())[:200]}") from None
     unknown = set(doc) - set(SECTIONS)
     if unknown:
         raise InvalidInput(f"unknown section {sorted(unknown)[0]!r}")
@@ -231,12 +234,24 @@ def apply_config(conn, text: str, *, actor: str | None = None, env: dict[str, st
     return in_transaction(conn, _apply, cfg, actor, tx_name="apply_config")
 
 
+# A declaration of thousands of entries is a few hundred KiB; more is not a config file.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+
+
 def read_config_file(path: str | Path) -> str:
-    """The text of a config file. Raises InvalidInput when it cannot be read."""
+    """The text of a config file (UTF-8, at most MAX_CONFIG_BYTES). Raises InvalidInput when
+    it cannot be read."""
     try:
-        return Path(path).read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"cannot read {path}: {exc.strerror if isinstance(exc, OSError) else exc}") from None
+        with open(path, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise InvalidInput(f"cannot read {path}: larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"cannot read {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
 
 
 def apply_file(conn, path: str | Path, *, actor: str | None = None) -> dict[str, int]:

@@ -16,9 +16,13 @@ class InvalidInput(PgDispatchError):
 
 
 class Forbidden(PgDispatchError):
-    """The database login, or the user it names, may not do this (SQLSTATE PD403, from
-    pgd_authorize in sql/functions/audit.sql; or PostgreSQL's own 42501, insufficient
-    privilege, when a role tries what its grants do not allow: sql/grants.sql)."""
+    """The database refused the action to this identity; nothing was changed. SQLSTATE PD403:
+    pgd_authorize (sql/functions/audit.sql: the login, or the user it names, may not act so),
+    a runner host's login not granted the pool or acting for another login's runner
+    (sql/functions/claim.sql), an approver the target's rule does not allow
+    (sql/functions/operator.sql); the message names the identity and the rule. Or
+    PostgreSQL's own 42501 (insufficient privilege), when a role tries what its grants do not
+    allow (sql/grants.sql)."""
 
     http_status = 403
 
@@ -27,14 +31,6 @@ class NotFound(PgDispatchError):
     """An entity named in the request does not exist (SQLSTATE PD404)."""
 
     http_status = 404
-
-
-class Forbidden(PgDispatchError):
-    """The database refused the action to this identity (SQLSTATE PD403): a runner host's login
-    not granted the pool, a runner of another login, an approver the target's rule does not
-    allow; the message names the identity and the rule. Nothing was changed."""
-
-    http_status = 403
 
 
 class Conflict(PgDispatchError):
@@ -129,8 +125,6 @@ def translate(exc: BaseException) -> BaseException:
     if state is None and isinstance(exc, psycopg.DataError) and "NUL" in message:
         # raised by psycopg itself while adapting a parameter: text cannot hold NUL bytes
         return InvalidInput("text must not contain NUL bytes")
-    if state == "PD403":
-        return Forbidden(message)
     if state == "PD404":
         return NotFound(message)
     if state in ("PD403", "42501"):

@@ -8,24 +8,26 @@ a new job's submission is audited too (``submit_job``).
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 from flask import Blueprint, abort, current_app, g, jsonify, request, url_for
+from werkzeug.exceptions import BadRequest, UnsupportedMediaType
 
 from pgdispatch.sql import InvalidInput, accounts, explain, reads, transitions
 
 from .auth import ROLE_RANK
 from .db import get_conn
-from .openapi import SPEC
+from .openapi import SPEC, body_error
 from .views import check_job_id
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 READ_METHODS = ("GET", "HEAD", "OPTIONS")
-SUBMIT_FIELDS = {"project", "pool", "command", "target", "priority", "max_attempts",
-                 "timeout_seconds", "delay_seconds", "requires_approval", "depends_on",
-                 "idempotency_key"}
-SUBMIT_REQUIRED = ("project", "pool", "command")
 PUBLIC = {"api.openapi"}
+# No request body of this API nests more than three levels (an object of lists of strings);
+# the bound leaves room and keeps the parser far from Python's recursion limit.
+MAX_JSON_DEPTH = 32
 
 
 @bp.before_request
@@ -49,20 +51,93 @@ def _actor() -> str:
     return g.api_user["username"]
 
 
-def _body(allowed: set[str], required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The JSON object in the request body (empty allowed when nothing is required)."""
-    if not request.get_data(cache=True) and not required:
-        return {}
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise InvalidInput("the request body must be a JSON object (Content-Type: application/json)")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise InvalidInput(f"unknown field {unknown[0]!r}")
-    missing = [name for name in required if body.get(name) is None]
-    if missing:
-        raise InvalidInput(f"missing field {missing[0]!r}")
-    return body
+class _Unreadable(ValueError):
+    """A JSON text that parses, but that this API refuses to read (a key twice, NaN)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # RFC 8259 leaves a repeated name's meaning to the parser: one request could then mean
+    # two things to two readers (a proxy that checks the first, Python that keeps the last)
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _Unreadable(f"the field {key!r} appears twice")
+        seen[key] = value
+    return seen
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _Unreadable(f"the number {text[:40]} is too large")
+    return value
+
+
+def _not_json(text: str) -> float:
+    raise _Unreadable(f"{text} is not a JSON number")
+
+
+def _parse_json(data: bytes) -> Any:
+    """The JSON document in ``data``; BadRequest (400) when it cannot be read: not UTF-8,
+    not JSON, a key twice, NaN or a number past a double, text with a lone surrogate, or
+    nested deeper than MAX_JSON_DEPTH."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("the request body is not valid UTF-8") from None
+    try:
+        value = json.loads(text, object_pairs_hook=_unique_keys, parse_float=_finite,
+                           parse_constant=_not_json)
+    except RecursionError:
+        raise BadRequest(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except _Unreadable as exc:
+        raise BadRequest(f"the request body is refused: {exc}") from None
+    except ValueError as exc:  # JSONDecodeError, and an integer of more than 4300 digits
+        raise BadRequest(f"the request body is not valid JSON: {' '.join(str(exc).split())[:200]}") from None
+    # breadth first, without recursion: the depth bound is this walk's to enforce
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        if depth > MAX_JSON_DEPTH:
+            raise BadRequest(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
+        below = []
+        for item in level:
+            if isinstance(item, dict):
+                below.extend(item.keys())
+                below.extend(item.values())
+            elif isinstance(item, list):
+                below.extend(item)
+            elif isinstance(item, str):
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:  # "\ud800": valid JSON, not text
+                    raise BadRequest("the request body has a string that is not valid "
+                                     "Unicode (a lone surrogate escape)") from None
+        level = below
+    return value
+
+
+def _body(operation_id: str) -> dict[str, Any]:
+    """The request body of ``operation_id``, checked against what the OpenAPI document says
+    of it (webapp/openapi.py): every JSON body of the API is read here.
+
+    No body is an empty object (then a required field is missing). Raises
+    UnsupportedMediaType (415) for a body that is not ``application/json``, BadRequest (400)
+    for one that cannot be read as JSON (``_parse_json``), and InvalidInput (422) naming the
+    first field the document refuses: unknown, missing, of another type (a number in
+    quotes, 0/1 for a boolean, 5.5 for an integer), out of range.
+    """
+    data = request.get_data(cache=True)
+    if not data:
+        value: Any = {}
+    elif not request.is_json:
+        raise UnsupportedMediaType("the request body must be JSON (Content-Type: application/json)")
+    else:
+        value = _parse_json(data)
+    problem = body_error(operation_id, value)
+    if problem:
+        raise InvalidInput(problem)
+    return value
 
 
 def _whole(value: Any) -> Any:
@@ -90,7 +165,7 @@ def openapi():
 def submit_job():
     """Submit one job; 201 with the job, or 200 with the existing one when the same request
     repeats its idempotency key (409 when the key was used for a different request)."""
-    body = _body(SUBMIT_FIELDS, SUBMIT_REQUIRED)
+    body = _body("submitJob")
     for name in ("project", "pool"):
         if not isinstance(body[name], str):
             raise InvalidInput(f"{name} must be a string")
@@ -135,8 +210,8 @@ def explain_job(job_id: int):
                                        live_seconds=current_app.config["RUNNER_LIVE_SECONDS"]))
 
 
-def _job_action(job_id: int, transition):
-    body = _body({"reason"})
+def _job_action(job_id: int, transition, operation_id: str):
+    body = _body(operation_id)
     return jsonify(transition(get_conn(), job_id=check_job_id(job_id), actor=_actor(),
                               reason=_optional_text(body, "reason")))
 
@@ -144,25 +219,25 @@ def _job_action(job_id: int, transition):
 @bp.post("/jobs/<int:job_id>/cancel")
 def cancel_job(job_id: int):
     """Cancel a waiting job, or ask a running job's runner to stop it."""
-    return _job_action(job_id, transitions.cancel_job)
+    return _job_action(job_id, transitions.cancel_job, "cancelJob")
 
 
 @bp.post("/jobs/<int:job_id>/approve")
 def approve_job(job_id: int):
     """Approve a job that requires approval."""
-    return _job_action(job_id, transitions.approve_job)
+    return _job_action(job_id, transitions.approve_job, "approveJob")
 
 
 @bp.post("/jobs/<int:job_id>/retry")
 def retry_job(job_id: int):
     """Queue a failed or cancelled job again."""
-    return _job_action(job_id, transitions.retry_job)
+    return _job_action(job_id, transitions.retry_job, "retryJob")
 
 
 @bp.post("/projects/<name>/pause")
 def pause_project(name: str):
     """Pause a project (reason required)."""
-    body = _body({"reason"}, ("reason",))
+    body = _body("pauseProject")
     return jsonify(transitions.pause_project(get_conn(), project=name, actor=_actor(),
                                              reason=_optional_text(body, "reason")))
 
@@ -170,7 +245,7 @@ def pause_project(name: str):
 @bp.post("/projects/<name>/resume")
 def resume_project(name: str):
     """Resume a paused project."""
-    body = _body({"reason"})
+    body = _body("resumeProject")
     return jsonify(transitions.resume_project(get_conn(), project=name, actor=_actor(),
                                               reason=_optional_text(body, "reason")))
 
@@ -178,7 +253,7 @@ def resume_project(name: str):
 @bp.post("/targets/<name>/resolve")
 def resolve_target(name: str):
     """Resolve an uncertain target: succeeded, failed or retry, with a note."""
-    body = _body({"outcome", "note"}, ("outcome", "note"))
+    body = _body("resolveTarget")
     return jsonify(transitions.resolve_target(get_conn(), target=name,
                                               outcome=_optional_text(body, "outcome"),
                                               note=_optional_text(body, "note"), actor=_actor()))

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import json
 from typing import Any
+
+import jsonschema_rs
 
 from pgdispatch.sql.explain import REASON_CODES
 
@@ -19,7 +23,20 @@ def _body(schema: dict[str, Any], *, required: bool) -> dict[str, Any]:
 
 
 def _errors(*codes: int) -> dict[str, Any]:
-    return {str(code): _ERROR for code in codes}
+    return {str(code): _UNAVAILABLE if code == 503 else _ERROR for code in codes}
+
+
+_UNAVAILABLE = {"$ref": "#/components/responses/Unavailable"}
+# What any request may meet before its operation runs: a request line or headers past the
+# server's bounds (webapp/limits.py, and gunicorn's own in webapp/serve.py), a database
+# that cannot answer now.
+_EVERY = (414, 431, 503)
+# Every operation that reads: no token or a bad one; a job that does not exist.
+_READ = (401, 404, *_EVERY)
+# Every operation that acts, besides its own 409: a body that cannot be read (400), a
+# viewer's token or a refusal by the database (403), a body past 1 MiB (413), not JSON
+# (415), refused by this document's schema or the transition's checks (422).
+_WRITE = (400, 401, 403, 404, 413, 415, 422, *_EVERY)
 
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True,
@@ -46,7 +63,7 @@ def _job_action(summary: str, conflict: str) -> dict[str, Any]:
         "parameters": [_JOB_ID],
         "requestBody": _body(_REASON_BODY, required=False),
         "responses": {"200": _json({"$ref": "#/components/schemas/ActionResult"}, "done"),
-                      **_errors(401, 403, 404, 422),
+                      **_errors(*_WRITE),
                       "409": {"description": conflict, "content": _ERROR_CONTENT}},
     }}
 
@@ -65,7 +82,8 @@ SPEC: dict[str, Any] = {
     "paths": {
         "/openapi.json": {"get": {
             "summary": "This document", "operationId": "getOpenapi", "security": [],
-            "responses": {"200": _json({"type": "object"}, "the OpenAPI document")},
+            "responses": {"200": _json({"type": "object"}, "the OpenAPI document"),
+                          **_errors(414, 431)},
         }},
         "/jobs": {"post": {
             "summary": "Submit a job", "operationId": "submitJob",
@@ -75,20 +93,20 @@ SPEC: dict[str, Any] = {
                 "200": _json({"$ref": "#/components/schemas/Job"},
                              "the job submitted earlier by the same request with the "
                              "same idempotency key (a different request with the key: 409)"),
-                **_errors(400, 401, 403, 404, 409, 422),
+                **_errors(*_WRITE, 409),
             },
         }},
         "/jobs/{job_id}": {"get": {
             "summary": "Show a job with its attempts", "operationId": "getJob",
             "parameters": [_JOB_ID],
             "responses": {"200": _json({"$ref": "#/components/schemas/JobWithAttempts"}, "the job"),
-                          **_errors(401, 404)},
+                          **_errors(*_READ)},
         }},
         "/jobs/{job_id}/explain": {"get": {
             "summary": "Why the job is not running", "operationId": "explainJob",
             "parameters": [_JOB_ID],
             "responses": {"200": _json({"$ref": "#/components/schemas/Explanation"}, "the reasons"),
-                          **_errors(401, 404)},
+                          **_errors(*_READ)},
         }},
         "/jobs/{job_id}/cancel": _job_action(
             "Cancel a waiting job, or ask the runner of a running one to stop it",
@@ -106,7 +124,7 @@ SPEC: dict[str, Any] = {
                                                             "pattern": _SAYS_SOMETHING}}},
                                  required=True),
             "responses": {"200": _json({"$ref": "#/components/schemas/ActionResult"}, "paused"),
-                          **_errors(401, 403, 404, 422),
+                          **_errors(*_WRITE),
                           "409": {"description": "already paused (says by whom)",
                                   "content": _ERROR_CONTENT}},
         }},
@@ -115,7 +133,7 @@ SPEC: dict[str, Any] = {
             "parameters": [_NAME],
             "requestBody": _body(_REASON_BODY, required=False),
             "responses": {"200": _json({"$ref": "#/components/schemas/ActionResult"}, "resumed"),
-                          **_errors(401, 403, 404, 422),
+                          **_errors(*_WRITE),
                           "409": {"description": "not paused", "content": _ERROR_CONTENT}},
         }},
         "/targets/{name}/resolve": {"post": {
@@ -129,7 +147,7 @@ SPEC: dict[str, Any] = {
                                                "pattern": _SAYS_SOMETHING}}},
                                  required=True),
             "responses": {"200": _json({"$ref": "#/components/schemas/ActionResult"}, "resolved"),
-                          **_errors(401, 403, 404, 422),
+                          **_errors(*_WRITE),
                           "409": {"description": "already resolved (says by whom and when)",
                                   "content": _ERROR_CONTENT}},
         }},
@@ -138,7 +156,11 @@ SPEC: dict[str, Any] = {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                        "description": "a token from `pgdispatch.sql.accounts.create_api_token`"}},
         "responses": {"Error": {"description": "refused; nothing was changed",
-                                "content": _ERROR_CONTENT}},
+                                "content": _ERROR_CONTENT},
+                      "Unavailable": {"description": "the database could not answer now: "
+                                                     "try again later (a submission with its "
+                                                     "idempotency key)",
+                                      "content": _ERROR_CONTENT}},
         "schemas": {
             "Error": {"type": "object", "required": ["error"],
                       "properties": {"error": {"type": "string"}}},
@@ -225,3 +247,89 @@ SPEC: dict[str, Any] = {
         },
     },
 }
+
+
+# --- the document as the check of request bodies (webapp/api.py's _body) ------------------
+
+_NAME_RULE = "1 to 63 of letters, digits, '_', '.', '-', starting with a letter or digit"
+_KINDS = {"integer": "a whole number", "number": "a number", "string": "text",
+          "boolean": "true or false", "array": "a list", "object": "an object", "null": "null"}
+# The error reported when a body has several: structure first, then types, then values.
+_RANK = {"AdditionalProperties": 0, "Required": 1, "Type": 2, "OneOfNotValid": 3}
+
+
+def _operations() -> dict[str, dict[str, Any]]:
+    return {op["operationId"]: op for ops in SPEC["paths"].values() for op in ops.values()}
+
+
+@functools.cache
+def _validator(operation_id: str):
+    body = _operations()[operation_id].get("requestBody")
+    if body is None:
+        return None
+    schema = body["content"]["application/json"]["schema"]
+    # the components travel with the schema, for its "#/components/..." references
+    root = {**schema, "components": SPEC["components"]}
+    return jsonschema_rs.Draft202012Validator(root), root
+
+
+def _field(path: list) -> str:
+    name = ""
+    for part in path:
+        name += f"[{part}]" if isinstance(part, int) else (f".{part}" if name else str(part))
+    return name or "the request body"
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return "an object" if isinstance(value, dict) else "a list"
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 42 else text[:40] + "…"
+
+
+def _message(error, root: dict[str, Any]) -> str:
+    kind, field, value = type(error.kind).__name__, _field(list(error.instance_path)), error.instance
+    limit = getattr(error.kind, "limit", None)
+    if kind == "AdditionalProperties":
+        return f"unknown field {sorted(error.kind.unexpected)[0]!r}"
+    if kind == "Required":
+        return f"missing field {error.kind.property!r}"
+    if kind == "Type":
+        wanted = " or ".join(_KINDS.get(t, t) for t in sorted(error.kind.types, key=lambda t: t == "null"))
+        return f"{field} must be {wanted}, got {_shown(value)}"
+    if kind == "OneOfNotValid":
+        return f"{field} must be a name ({_NAME_RULE}) or null, got {_shown(value)}"
+    if kind in ("Minimum", "Maximum"):
+        rule = functools.reduce(lambda node, key: node[key], list(error.schema_path)[:-1], root)
+        return f"{field} must be between {rule['minimum']} and {rule['maximum']}, got {_shown(value)}"
+    if kind == "MinItems":
+        return f"{field} must not be empty" if limit == 1 else f"{field} needs at least {limit} items"
+    if kind == "MaxItems":
+        return f"{field} has more than {limit} items"
+    if kind == "MinLength":
+        return f"{field} must not be empty"
+    if kind == "MaxLength":
+        return f"{field} is longer than {limit} characters"
+    if kind == "Enum":
+        return f"{field} must be one of {', '.join(map(str, error.kind.options))}, got {_shown(value)}"
+    if kind == "Pattern":
+        if "\x00" in value:
+            return f"{field} must not contain NUL bytes"
+        if error.kind.pattern == _NAME_SCHEMA["pattern"]:
+            return f"{field} {_shown(value)} is not a name: {_NAME_RULE}"
+        return f"{field} must not be blank"
+    return f"{field}: {error.message}"
+
+
+def body_error(operation_id: str, body: Any) -> str | None:
+    """What the document refuses in ``body`` as the request body of ``operation_id``, as
+    one line naming the field (None: it conforms). ``body`` is parsed JSON whose strings
+    encode to UTF-8 (webapp/api.py checks both first)."""
+    checked = _validator(operation_id)
+    if checked is None:
+        return None
+    validator, root = checked
+    errors = list(validator.iter_errors(body))
+    if not errors:
+        return None
+    return _message(min(errors, key=lambda e: _RANK.get(type(e.kind).__name__, 9)), root)

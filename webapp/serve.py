@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
+from gunicorn.workers.gthread import ThreadWorker
 
 from pgdispatch import sql
 import pgdispatch.sql.embedded
@@ -29,14 +32,50 @@ class ConsoleServer(BaseApplication):
         return create_app(self.settings, database_url=self.database_url)
 
 
+# Request heads gunicorn reads before Flask sees the request (its documented settings; the
+# first two are its defaults, the request line is raised to the longest it takes).
+LIMIT_REQUEST_LINE = 8190       # bytes: method, URL and version
+LIMIT_REQUEST_FIELDS = 100      # header fields
+LIMIT_REQUEST_FIELD_SIZE = 8190  # bytes of one header field
+
+
+class ConsoleWorker(ThreadWorker):
+    """gunicorn's threaded worker, except that a request line or headers past the limits
+    above are refused with ``{"error": ...}`` JSON, the shape of every API error, instead of
+    gunicorn's HTML page. gunicorn refuses them before any application code runs, with no
+    path parsed (the request line is what was too long), so the answer is JSON for every
+    client, the console's included; a browser never sends such a request to it."""
+
+    def handle_error(self, req, client, addr, exc):
+        if isinstance(exc, LimitRequestLine):
+            status, reason = 414, "URI Too Long"
+            message = f"the request line is longer than {LIMIT_REQUEST_LINE} bytes"
+        elif isinstance(exc, LimitRequestHeaders):
+            status, reason = 431, "Request Header Fields Too Large"
+            message = (f"the request headers are too large (at most {LIMIT_REQUEST_FIELDS} "
+                       f"fields of {LIMIT_REQUEST_FIELD_SIZE} bytes)")
+        else:
+            return super().handle_error(req, client, addr, exc)
+        self.log.warning("refused a request from %s: %s (%s)", (addr or ("",))[0], message, exc)
+        body = json.dumps({"error": message}).encode()
+        head = (f"HTTP/1.1 {status} {reason}\r\nConnection: close\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                "X-Content-Type-Options: nosniff\r\nCache-Control: no-store\r\n\r\n")
+        try:
+            client.sendall(head.encode("ascii") + body)
+        except OSError:  # the client is gone: nothing to tell it
+            pass
+        return None
+
+
 def gunicorn_options(*, bind: str, workers: int) -> dict[str, Any]:
     """The gunicorn settings the console runs with."""
     return {
         "bind": bind,
         "workers": workers,
-        # threads: htmx polls every 2 s from every open console, and a slow query must not
+        # gthread (ConsoleWorker) with threads: htmx polls every 2 s from every open console, and a slow query must not
         # stall the others
-        "worker_class": "gthread",
+        "worker_class": f"{__name__}.ConsoleWorker",
         "threads": 4,
         "timeout": 30,
         "graceful_timeout": 10,
@@ -50,6 +89,9 @@ def gunicorn_options(*, bind: str, workers: int) -> dict[str, Any]:
         "control_socket_disable": True,
         # headers from a proxy are trusted only from loopback
         "forwarded_allow_ips": "127.0.0.1,::1",
+        "limit_request_line": LIMIT_REQUEST_LINE,
+        "limit_request_fields": LIMIT_REQUEST_FIELDS,
+        "limit_request_field_size": LIMIT_REQUEST_FIELD_SIZE,
     }
 
 

@@ -141,7 +141,7 @@ BAD_SUBMISSIONS = [
     ({"project": "web", "pool": "linux", "command": ["true"], "priority": True}, 422, "priority"),
     ({"project": "web", "pool": "linux", "command": ["true"], "delay_seconds": "soon"}, 422, "delay"),
     ({"project": "web", "pool": "linux", "command": ["true"], "delay_seconds": 2592001}, 422,
-     "delay must be between 0 and 2592000, got 2592001"),
+     "delay_seconds must be between 0 and 2592000, got 2592001"),
     ({"project": "web", "pool": "linux", "command": ["true"], "depends_on": [999999]}, 404, "dependency"),
     ({"project": "web", "pool": "linux", "command": ["true"], "depends_on": "1"}, 422, "depends_on"),
     ({"project": "web", "pool": "linux", "command": ["true"], "depends_on": False}, 422, "depends_on"),

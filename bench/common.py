@@ -76,7 +76,11 @@ def bench_server() -> Iterator[tuple[str, str]]:
     tmp = Path(tempfile.mkdtemp(prefix="pgd-bench-"))
     os.chmod(tmp, 0o755)  # the embedded server may run as its own unprivileged user
     try:
-        yield start_embedded(tmp), "embedded"
+        url = start_embedded(tmp)
+        # PgBouncer (bench pooled) runs as the server's user, which must reach the socket in
+        # tmp/pgdata: traverse, no listing (the password file stays 0600)
+        os.chmod(tmp, 0o711)
+        yield url, "embedded"
     finally:
         stop_embedded(tmp)
         shutil.rmtree(tmp, ignore_errors=True)

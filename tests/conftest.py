@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import itertools
 import os
+import secrets
 import shutil
 import tempfile
 import time
 import uuid
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 import pytest
@@ -50,7 +51,7 @@ from pgdispatch.sql.embedded import ensure_runtime_dir  # noqa: E402
 
 ensure_runtime_dir()
 
-from pgdispatch.sql import db, migrate  # noqa: E402
+from pgdispatch.sql import db, migrate, roles  # noqa: E402
 
 from .factories import World  # noqa: E402
 
@@ -124,6 +125,34 @@ def template_url(server_url):
     url = with_database(server_url, TEMPLATE)
     migrate.upgrade(url)
     yield url
+
+
+# The console's login in the tests: a member of pgdispatch_web only, as in production
+# (sql/grants.sql), so that every console and API test also proves the web role suffices.
+CONSOLE_LOGIN = "pgd_test_console"
+CONSOLE_PASSWORD = secrets.token_urlsafe(16)
+
+
+def as_login(url: str, user: str, password: str) -> str:
+    """``url`` logging in as ``user`` with ``password`` instead."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, f"{quote(user)}:{quote(password)}@{host}", parts.path,
+                       parts.query, parts.fragment))
+
+
+@pytest.fixture(scope="session")
+def console_login(server_url, template_url) -> str:
+    """The console's own login (group pgdispatch_web), made once per session: roles are
+    cluster-wide; ``db login`` is idempotent."""
+    roles.set_login(server_url, name=CONSOLE_LOGIN, kind="web", password=CONSOLE_PASSWORD)
+    return CONSOLE_LOGIN
+
+
+@pytest.fixture
+def console_url(db_url, console_login) -> str:
+    """This test's database, logged in as the console's login."""
+    return as_login(db_url, console_login, CONSOLE_PASSWORD)
 
 
 def _copy_of_template(server_url: str, kind: str) -> str:

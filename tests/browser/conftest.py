@@ -32,9 +32,10 @@ def browser():
 
 
 @pytest.fixture
-def live_server(db_url):
-    """The console served by werkzeug on 127.0.0.1 (an ephemeral port) in a thread."""
-    app = create_app(Settings(secret_key="browser-test-secret-key-0123456789"), database_url=db_url)
+def live_server(console_url):
+    """The console served by werkzeug on 127.0.0.1 (an ephemeral port) in a thread, logged in
+    as the console's own login (pgdispatch_web)."""
+    app = create_app(Settings(secret_key="browser-test-secret-key-0123456789"), database_url=console_url)
     server = make_server("127.0.0.1", 0, app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, name="console", daemon=True)
     thread.start()

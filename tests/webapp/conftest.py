@@ -18,12 +18,13 @@ TEST_SETTINGS = Settings(secret_key="test-only-secret-key-0123456789abcdef")
 
 
 @pytest.fixture
-def make_app(db_url):
-    """Build apps on this test's database; their pools are closed at the end."""
+def make_app(console_url):
+    """Build apps on this test's database, logged in as the console's own login (group
+    pgdispatch_web: tests/conftest.py); their pools are closed at the end."""
     apps = []
 
     def make(**overrides):
-        app = create_app(TEST_SETTINGS, database_url=db_url, TESTING=True, **overrides)
+        app = create_app(TEST_SETTINGS, database_url=console_url, TESTING=True, **overrides)
         apps.append(app)
         return app
 

@@ -146,6 +146,8 @@ def _deploy_command(target: str, seconds: float) -> list[str]:
 
 
 DEMO_JOB_USER = "pgdispatch-job"
+# the demo's workload submits and acts as this operator login (the audit log names it)
+WORKLOAD_LOGIN = "pgdispatch_demo"
 
 
 def demo_job_user(settings: Settings) -> str | None:
@@ -183,7 +185,8 @@ class Demo:
         self.rng = random.Random(seed)
         self.stopping = threading.Event()
         self.children: list[tuple[str, subprocess.Popen]] = []
-        self.url = ""
+        self.url = ""  # the embedded server's superuser: upgrades and makes the logins
+        self.workload_url = ""
         self.env: dict[str, str] = {}
         self.pipeline_no = 0
 
@@ -204,9 +207,11 @@ class Demo:
         self.url = embedded.start_embedded(self.settings.data_dir)
         migrate.upgrade(self.url)
         password = secrets.token_urlsafe(9)
-        with db.connect(self.url) as conn:
-            config.apply_config(conn, DEMO_CONFIG, actor="demo",
-                                env={"PGDISPATCH_DEMO_PASSWORD": password})
+        # each part as its own login (sql/logins.py), as in production: apply as the migrator,
+        # the workload as an operator login of its own, the console as the web login
+        with db.connect(self._login_url(logins.MIGRATOR, "migrator")) as conn:
+            config.apply_config(conn, DEMO_CONFIG, env={"PGDISPATCH_DEMO_PASSWORD": password})
+        self.workload_url = self._login_url(WORKLOAD_LOGIN, "operator")
         self.password = password
         secret = self.settings.resolved_secret_key()
         # by environment, never on a command line (readable by every local user in /proc)
@@ -222,13 +227,17 @@ class Demo:
         self._spawn("scheduler-b", "scheduler", "--pool", "linux",
                     "--slots", "3", "--name", "demo-b", "--grace-seconds", "5",
                     env={"DATABASE_URL": self._runner_url("demo-b")})
-        self._spawn("web", "web", "--bind", self.bind)
+        self._spawn("web", "web", "--bind", self.bind,
+                    env={"DATABASE_URL": self._login_url(logins.WEB, "web")})
         self._wait_for_web(60)
+
+    def _login_url(self, login: str, kind: str) -> str:
+        """The URL of the embedded server for ``login`` in group ``kind`` (sql/logins.py)."""
+        return logins.ensure_login(self.url, self.settings.data_dir, login, kind)
 
     def _runner_url(self, name: str) -> str:
         """A demo scheduler's own scheduler login (sql/logins.py): no table privilege."""
-        return logins.ensure_login(self.url, self.settings.data_dir, logins.runner_login(name),
-                                   "scheduler")
+        return self._login_url(logins.runner_login(name), "scheduler")
 
     def _wait_for_web(self, timeout_seconds: float) -> None:
         deadline = time.monotonic() + timeout_seconds
@@ -267,22 +276,22 @@ class Demo:
         transitions.submit(conn, project=project, pool=pool,
                            command=_build_command(self.rng, f"{project} build"),
                            priority=self.rng.choice([0, 0, 0, 5]), max_attempts=3,
-                           timeout_seconds=120, submitted_by="demo")
+                           timeout_seconds=120)
 
     def submit_pipeline(self, conn) -> None:
         self.pipeline_no += 1
         project = self.rng.choice(["web", "api", "billing"])
         build = transitions.submit(conn, project=project, pool="linux",
                                    command=_build_command(self.rng, f"{project} release build"),
-                                   max_attempts=2, timeout_seconds=120, submitted_by="demo")
+                                   max_attempts=2, timeout_seconds=120)
         staging = transitions.submit(conn, project=project, pool="deploy", target="staging",
                                      command=_deploy_command("staging", self.rng.uniform(2, 5)),
-                                     depends_on=[build["id"]], timeout_seconds=120, submitted_by="demo")
+                                     depends_on=[build["id"]], timeout_seconds=120)
         if self.pipeline_no % 3 == 0:
             transitions.submit(conn, project=project, pool="deploy", target="production",
                                command=_deploy_command("production", self.rng.uniform(3, 6)),
                                depends_on=[staging["id"]], requires_approval=True,
-                               timeout_seconds=120, submitted_by="demo")
+                               timeout_seconds=120)
 
     def lose_a_runner(self) -> None:
         """Start a third scheduler on the deploy pool and SIGKILL it mid-deployment.
@@ -295,11 +304,10 @@ class Demo:
                            "--name", "demo-chaos", env={"PGDISPATCH_CLAIM_INTERVAL_SECONDS": "0.05",
                                                         "DATABASE_URL": self._runner_url("demo-chaos")})
         try:
-            with db.connect(self.url, application_name="pgdispatch-demo-chaos") as conn:
+            with db.connect(self.workload_url, application_name="pgdispatch-demo-chaos") as conn:
                 time.sleep(2)
                 transitions.submit(conn, project="billing", pool="deploy", target="staging",
-                                   command=_deploy_command("staging", 25), timeout_seconds=120,
-                                   submitted_by="demo")
+                                   command=_deploy_command("staging", 25), timeout_seconds=120)
                 deadline = time.monotonic() + 90
                 while time.monotonic() < deadline and not self.stopping.is_set():
                     busy = [r for r in Q.list_runners(conn, live_seconds=60)
@@ -322,7 +330,7 @@ class Demo:
         started = time.monotonic()
         next_pipeline = started + 3
         next_chaos = started + 20
-        with db.connect(self.url, application_name="pgdispatch-demo") as conn:
+        with db.connect(self.workload_url, application_name="pgdispatch-demo") as conn:
             while not self.stopping.is_set():
                 if duration_seconds and time.monotonic() - started > duration_seconds:
                     return

@@ -127,8 +127,12 @@ def translate(exc: BaseException) -> BaseException:
         return InvalidInput("text must not contain NUL bytes")
     if state == "PD404":
         return NotFound(message)
-    if state in ("PD403", "42501"):
+    if state == "PD403":
         return Forbidden(message)
+    if state == "42501":
+        # PostgreSQL's own refusal names the object, not why: say where the rule is
+        return Forbidden(f"{message}: this login's group role does not allow it "
+                         "(sql/grants.sql; docs/operations.md, \"Database roles\")")
     if state == "PDALR":
         return AlreadyResolved(message)
     if state == "PD409":

@@ -32,7 +32,7 @@ from psycopg.rows import dict_row
 
 from . import roles
 from .db import PREPARE_THRESHOLD, backoff_sleep, connect
-from .errors import IncompatibleDatabase, PgDispatchError
+from .errors import Forbidden, IncompatibleDatabase, PgDispatchError
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +173,8 @@ def upgrade(url: str, *, migrations_dir: Path = MIGRATIONS_DIR,
     Raises:
         IncompatibleDatabase: the database was made by a pre-0.1.0 development version, or
             by a newer one, or is not pgdispatch's; nothing is changed.
+        Forbidden: the login may not create the missing group roles, or may not become
+            pgdispatch_owner (_become_owner); nothing is changed.
         DatabaseUnavailable: the server cannot be reached.
     """
     from yoyo import read_migrations
@@ -270,21 +272,26 @@ def _become_owner(conn) -> bool:
     Returns whether objects were handed over (the grants must then be applied again).
 
     Raises:
-        PgDispatchError: the roles are missing and this login may not create them.
+        Forbidden: the roles are missing and this login may not create them, or this login
+            may not become pgdispatch_owner; nothing is changed.
     """
     with conn.cursor(row_factory=dict_row) as cur:
         status = roles.role_status(cur)
         if status["missing"]:
             if not (status["is_superuser"] or status["can_create_roles"]):
-                raise PgDispatchError(
+                raise Forbidden(
                     "the database roles (sql/roles.sql) do not exist and this login may not "
                     "create them: run `pgdispatch db roles` as a login with CREATEROLE first "
-                    "(docs/operations.md, \"Database roles\")")
+                    "(docs/operations.md, \"Database roles\"); nothing was changed")
             roles.create_roles(cur)
             status = roles.role_status(cur)
         if not status["may_become_owner"]:
-            log.warning("this login may not SET ROLE pgdispatch_owner: upgrading as itself")
-            return False
+            # upgrading as itself would leave objects the owner does not own, which no
+            # migrator could upgrade or grant afterwards
+            raise Forbidden(
+                "this login may not become pgdispatch_owner (SET ROLE): run `db upgrade` as a "
+                "migrator login (`pgdispatch db login NAME --role migrator`) or a superuser "
+                "(docs/operations.md, \"Database roles\"); nothing was changed")
         is_adopted = cur.execute(_FOREIGN_OBJECTS).fetchone()["is_foreign"]
         roles.adopt_schema(cur)  # also lets the owner create in the schema
         cur.execute(f"SET LOCAL ROLE {roles.OWNER}")

@@ -75,7 +75,10 @@ def skewed_env(db_url: str, tmp_path: Path) -> dict[str, str]:
                PGDISPATCH_SUMMARY_INTERVAL_SECONDS="1",
                PGDISPATCH_BACKOFF_BASE_SECONDS=str(BACKOFF_BASE_S),
                PGDISPATCH_BACKOFF_CAP_SECONDS="300",
-               PGDISPATCH_DATA_DIR=str(tmp_path / "data"))
+               PGDISPATCH_DATA_DIR=str(tmp_path / "data"),
+               # a skewed machine's jobs see its clock too: libfaketime's variables are not on
+               # the job environment's allow-list by default (scheduler/sandbox.py)
+               PGDISPATCH_JOB_ENV_ALLOW="LD_PRELOAD,FAKETIME,FAKETIME_DONT_FAKE_MONOTONIC")
     return env
 
 

@@ -179,16 +179,20 @@ def db_roles(obj: Context, as_json: bool) -> None:
 @click.option("--password-env", "password_env", required=True, metavar="VAR",
               help="Name of the environment variable holding the password (never the "
                    "password itself: a command line is visible to every local user).")
+@click.option("--connection-limit", type=click.IntRange(-1, 100000), default=None,
+              help="At most this many connections at once (-1: none; default: unchanged, "
+                   "none for a new login). Give each runner host its pool size plus a few.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
-def db_login(obj: Context, name: str, kind: str, password_env: str, as_json: bool) -> None:
+def db_login(obj: Context, name: str, kind: str, password_env: str, connection_limit: int | None,
+             as_json: bool) -> None:
     """Create or update the LOGIN role NAME in one group, with a SCRAM-SHA-256 password."""
     from pgdispatch.sql import roles
 
     if password_env not in os.environ:
         raise InvalidInput(f"--password-env: environment variable {password_env} is not set")
     result = roles.set_login(obj.server_url, name=name, kind=kind,
-                             password=os.environ[password_env])
+                             password=os.environ[password_env], connection_limit=connection_limit)
     if as_json:
         emit(result)
     else:
@@ -534,6 +538,10 @@ def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | 
         raise InvalidInput("--listen-url: a password on the command line is readable by every "
                            "local user; pass the URL in PGDISPATCH_LISTEN_URL, or the password "
                            "in a passfile")
+    if listen_url:
+        from pgdispatch.sql.scheduling import check_listen_url
+
+        check_listen_url(listen_url)  # bad input first: one line, before any warning
     # before the database is touched: a user it cannot run jobs as changes nothing
     settings = obj.settings.with_overrides(run_as=run_as)
     sandbox = sandboxes.from_settings(settings)

@@ -294,6 +294,7 @@ def _become_owner(conn) -> bool:
                 "(docs/operations.md, \"Database roles\"); nothing was changed")
         is_adopted = cur.execute(_FOREIGN_OBJECTS).fetchone()["is_foreign"]
         roles.adopt_schema(cur)  # also lets the owner create in the schema
+        roles.restrict_advisory_locks(cur)  # a superuser's upgrade: sql/advisory.sql
         cur.execute(f"SET LOCAL ROLE {roles.OWNER}")
     return bool(is_adopted)
 

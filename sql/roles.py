@@ -21,6 +21,7 @@ SQL_DIR = Path(__file__).parent
 ROLES_FILE = SQL_DIR / "roles.sql"
 OWNER_FILE = SQL_DIR / "owner.sql"
 GRANTS_FILE = SQL_DIR / "grants.sql"
+ADVISORY_FILE = SQL_DIR / "advisory.sql"
 
 OWNER = "pgdispatch_owner"
 # `pgdispatch db login --role X`: the group role a login of each kind is made a member of
@@ -84,6 +85,16 @@ def become_owner(conn) -> bool:
     return True
 
 
+def restrict_advisory_locks(conn) -> bool:
+    """When the login is a superuser: only the owner and the migrator may take advisory locks
+    in this database (``sql/advisory.sql``). Returns whether it could (False: not a superuser;
+    a managed server's operator runs that file as its superuser, if the provider allows)."""
+    if not role_status(conn)["is_superuser"]:
+        return False
+    conn.execute(ADVISORY_FILE.read_text())
+    return True
+
+
 def apply_grants(conn) -> None:
     """Revoke everything and grant each group what ``sql/grants.sql`` says (run as the owner
     or a superuser, after the function files are loaded)."""
@@ -104,6 +115,7 @@ def set_up(url: str) -> dict[str, Any]:
         if conn.execute("SELECT to_regclass('jobs') IS NULL AS is_empty").fetchone()["is_empty"]:
             return {"created": missing, "schema": "not migrated yet: run `pgdispatch db upgrade`"}
         adopt_schema(conn)
+        restrict_advisory_locks(conn)
         if not become_owner(conn):
             raise Forbidden("this login may not become pgdispatch_owner (SET ROLE): run "
                             "`pgdispatch db roles` as the database's owner or a superuser")
@@ -111,13 +123,17 @@ def set_up(url: str) -> dict[str, Any]:
     return {"created": missing, "schema": "owned by pgdispatch_owner, grants applied"}
 
 
-def set_login(url: str, *, name: str, kind: str, password: str | None) -> dict[str, Any]:
+def set_login(url: str, *, name: str, kind: str, password: str | None,
+              connection_limit: int | None = None) -> dict[str, Any]:
     """Create or update the LOGIN role ``name`` as a member of the group of ``kind`` (a key
     of GROUPS) and of no other pgdispatch group, with ``password`` (sent to the server as a
-    SCRAM-SHA-256 verifier, never in clear). Returns {"login", "group", "created"}.
+    SCRAM-SHA-256 verifier, never in clear), and, when given, at most ``connection_limit``
+    connections at once (-1: no limit), so that one runner host cannot take the server's
+    every connection slot. Returns {"login", "group", "created"}.
 
     Raises:
-        InvalidInput: a bad name, an unknown kind, an empty password.
+        InvalidInput: a bad name, an unknown kind, an empty password, a connection limit
+            below -1.
         Conflict: ``name`` is a superuser, or one of the group roles.
         Forbidden: the login running this may not manage roles.
     """
@@ -130,6 +146,10 @@ def set_login(url: str, *, name: str, kind: str, password: str | None) -> dict[s
         raise Conflict(f"{name} is a group role of pgdispatch, not a login")
     if not password:
         raise InvalidInput("the password is empty")
+    if connection_limit is not None and (isinstance(connection_limit, bool)
+                                         or not isinstance(connection_limit, int)
+                                         or not -1 <= connection_limit <= 100000):
+        raise InvalidInput(f"connection limit must be -1 (none) to 100000, got {connection_limit!r}")
     group = GROUPS[kind]
     with connect(url, application_name="pgdispatch-roles") as conn, conn.transaction():
         if role_status(conn)["missing"]:
@@ -155,6 +175,9 @@ def set_login(url: str, *, name: str, kind: str, password: str | None) -> dict[s
                         (other, name)).fetchone()["is_member"]:
                     conn.execute(pgsql.SQL("REVOKE {} FROM {}").format(pgsql.Identifier(other), ident))
             conn.execute(pgsql.SQL("GRANT {} TO {}").format(pgsql.Identifier(group), ident))
+            if connection_limit is not None:
+                conn.execute(pgsql.SQL("ALTER ROLE {} CONNECTION LIMIT {}").format(
+                    ident, pgsql.Literal(int(connection_limit))))
         except Exception as exc:
             if getattr(exc, "sqlstate", None) == "42501":
                 raise Forbidden(f"this login may not manage roles: {str(exc).splitlines()[0]}") from None

@@ -113,14 +113,17 @@ $$;
 -- deployment whose outcome the runner cannot know). Returns the answer as jsonb (status,
 -- job_id, attempt_id, job_state, attempt_state, is_late_report, ready_at, repeated).
 -- Raises PD422 bad input, PD404 unknown attempt, PD409 receipt key of another attempt,
--- PDF01 fenced out.
-CREATE OR REPLACE FUNCTION pgd_complete(p_attempt_id bigint, p_generation bigint, p_outcome text,
-                                        p_exit_code integer, p_error text, p_output_tail text,
-                                        p_receipt_key text, p_backoff_base_seconds double precision,
-                                        p_backoff_cap_seconds double precision,
-                                        p_release boolean DEFAULT true)
+-- PDF01 fenced out. The texts are bounded here, whoever calls: the error to 2,000
+-- characters, the output tail to its last 65,536.
+-- Internal: its entry point is pgd_complete (below), which always releases; a runner host
+-- may not skip the release.
+CREATE OR REPLACE FUNCTION pgd_complete_attempt(p_attempt_id bigint, p_generation bigint, p_outcome text,
+                                                p_exit_code integer, p_error text, p_output_tail text,
+                                                p_receipt_key text, p_backoff_base_seconds double precision,
+                                                p_backoff_cap_seconds double precision,
+                                                p_release boolean)
 RETURNS jsonb
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     v_receipt   delivery_receipts%ROWTYPE;
@@ -134,6 +137,8 @@ DECLARE
     v_failures  integer;
     v_response  jsonb;
 BEGIN
+    p_error := left(p_error, 2000);
+    p_output_tail := right(p_output_tail, 65536);
     IF p_outcome NOT IN ('succeeded', 'failed', 'cancelled', 'handed_back', 'lost') THEN
         RAISE EXCEPTION 'unknown outcome %', p_outcome USING ERRCODE = 'PD422';
     END IF;
@@ -304,6 +309,18 @@ BEGIN
 END;
 $$;
 
+-- complete (the entry point a scheduler calls): pgd_complete_attempt, releasing the slots.
+CREATE OR REPLACE FUNCTION pgd_complete(p_attempt_id bigint, p_generation bigint, p_outcome text,
+                                        p_exit_code integer, p_error text, p_output_tail text,
+                                        p_receipt_key text, p_backoff_base_seconds double precision,
+                                        p_backoff_cap_seconds double precision)
+RETURNS jsonb
+LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT pgd_complete_attempt(p_attempt_id, p_generation, p_outcome, p_exit_code, p_error,
+                                p_output_tail, p_receipt_key, p_backoff_base_seconds,
+                                p_backoff_cap_seconds, true)
+$$;
+
 -- complete_batch: up to 1000 completions (p_items: a jsonb array of objects with
 -- attempt_id, generation, outcome, receipt_key, exit_code, error, output_tail) in one
 -- transaction, one answer per item in order (an item fenced out answers status "fenced";
@@ -377,7 +394,8 @@ BEGIN
     -- and neither the attempt nor the key named twice in this batch.
     v_rows := ARRAY(
         SELECT ROW(x.ord, x.attempt_id, w.job_id, w.org_id, w.project_id, w.pool_id,
-                   x.receipt_key, x.exit_code, x.error, x.output_tail, w.ready_at)::pgd_fast_completion
+                   x.receipt_key, x.exit_code, left(x.error, 2000), right(x.output_tail, 65536),
+                   w.ready_at)::pgd_fast_completion
           FROM (SELECT e.ord, i.*, count(*) OVER (PARTITION BY i.attempt_id) AS same_attempt,
                        count(*) OVER (PARTITION BY i.receipt_key) AS same_key
                   FROM jsonb_array_elements(p_items) WITH ORDINALITY AS e(item, ord),
@@ -448,7 +466,7 @@ BEGIN
     LOOP
         CONTINUE WHEN v_answers[it.ord] IS NOT NULL;
         BEGIN
-            v_answer := pgd_complete(it.attempt_id, it.generation, it.outcome, it.exit_code,
+            v_answer := pgd_complete_attempt(it.attempt_id, it.generation, it.outcome, it.exit_code,
                                      it.error, it.output_tail, it.receipt_key,
                                      p_backoff_base_seconds, p_backoff_cap_seconds, false);
             IF NOT (v_answer ->> 'repeated')::boolean AND NOT (v_answer ->> 'is_late_report')::boolean THEN

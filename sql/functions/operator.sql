@@ -207,6 +207,7 @@ CREATE OR REPLACE FUNCTION pgd_retry_job(p_job_id bigint, p_reason text, p_actor
 RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v jobs%ROWTYPE;
+    v_protected boolean;
 BEGIN
     p_actor := pgd_authorize(p_actor, 'operator');
     SELECT * INTO v FROM jobs WHERE id = p_job_id FOR NO KEY UPDATE;
@@ -220,9 +221,16 @@ BEGIN
     IF v.pending_dependencies > 0 OR (v.requires_approval AND v.approved_at IS NULL) THEN
         RAISE EXCEPTION 'job % still waits on a dependency or an approval', p_job_id USING ERRCODE = 'PD409';
     END IF;
-    UPDATE jobs SET state = 'queued', ready_at = now(), finished_at = NULL,
+    -- An approval covers a submission and its automatic retries; an operator's re-run of a
+    -- deployment to a protected target is a new deployment and waits for a new approval.
+    v_protected := coalesce((SELECT t.requires_approval FROM targets t WHERE t.id = v.target_id), false);
+    UPDATE jobs SET state = CASE WHEN v_protected THEN 'blocked' ELSE 'queued' END,
+                    ready_at = now(), finished_at = NULL,
                     max_attempts = least(100, greatest(max_attempts, failures + 1)),
-                    cancel_requested_at = NULL, cancel_requested_by = NULL
+                    cancel_requested_at = NULL, cancel_requested_by = NULL,
+                    requires_approval = requires_approval OR v_protected,
+                    approved_at = CASE WHEN v_protected THEN NULL ELSE approved_at END,
+                    approved_by = CASE WHEN v_protected THEN NULL ELSE approved_by END
      WHERE id = p_job_id RETURNING * INTO v;
     PERFORM pgd_audit(p_actor, 'retry_job', 'job:' || p_job_id, p_reason);
     RETURN jsonb_build_object('job_id', p_job_id, 'state', v.state);
@@ -265,13 +273,18 @@ BEGIN
         RAISE EXCEPTION 'target % is % (already resolved by %)', p_target, v_target.state,
             pgd_last_actor('target:' || p_target) USING ERRCODE = 'PDALR';
     END IF;
-    v_state := CASE p_outcome WHEN 'retry' THEN 'queued' ELSE p_outcome END;
+    -- a re-run on a protected target waits for a new approval, as an operator's retry does
+    v_state := CASE WHEN p_outcome <> 'retry' THEN p_outcome
+                    WHEN v_target.requires_approval THEN 'blocked' ELSE 'queued' END;
     UPDATE jobs
        SET state = v_state,
-           ready_at = CASE WHEN v_state = 'queued' THEN now() ELSE ready_at END,
-           finished_at = CASE WHEN v_state = 'queued' THEN NULL ELSE now() END,
-           max_attempts = CASE WHEN v_state = 'queued'
+           ready_at = CASE WHEN v_state IN ('queued', 'blocked') THEN now() ELSE ready_at END,
+           finished_at = CASE WHEN v_state IN ('queued', 'blocked') THEN NULL ELSE now() END,
+           max_attempts = CASE WHEN v_state IN ('queued', 'blocked')
                                THEN least(100, greatest(max_attempts, failures + 1)) ELSE max_attempts END,
+           requires_approval = requires_approval OR v_state = 'blocked',
+           approved_at = CASE WHEN v_state = 'blocked' THEN NULL ELSE approved_at END,
+           approved_by = CASE WHEN v_state = 'blocked' THEN NULL ELSE approved_by END,
            last_error = format('resolved %s by %s: %s', p_outcome, p_actor, p_note)
      WHERE id = v_job.id;
     UPDATE targets SET state = 'free', holder_job_id = NULL, held_since = NULL WHERE id = v_target.id;

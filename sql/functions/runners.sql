@@ -50,19 +50,29 @@ $$;
 
 -- Heartbeat: extend the lease only if the attempt still runs with this generation, for its
 -- runner's own login, still granted the job's pool (pgd_runner_holds_grant); no row = fenced
--- out. Locks only the attempt row (last in lock order). p_output_tail, when not
--- NULL, replaces the attempt's stored output so far.
+-- out. Locks only the attempt row (last in lock order). p_output_tail, when not NULL,
+-- replaces the attempt's stored output so far (its last 65,536 characters). Raises PD422 for
+-- a lease outside (0, 86400], as a claim does: no host may hold work past what an operator
+-- can wait for.
 CREATE OR REPLACE FUNCTION pgd_heartbeat(p_attempt_id bigint, p_generation bigint,
                                          p_lease_seconds double precision, p_output_tail text)
 RETURNS TABLE (lease_expires_at timestamptz, is_cancel_requested boolean)
-LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_lease_seconds IS NULL OR NOT (p_lease_seconds > 0 AND p_lease_seconds <= 86400) THEN
+        RAISE EXCEPTION 'lease seconds must be in (0, 86400], got %', p_lease_seconds
+            USING ERRCODE = 'PD422';
+    END IF;
+    RETURN QUERY
     UPDATE attempts a
        SET lease_expires_at = clock_timestamp() + make_interval(secs => p_lease_seconds),
            last_heartbeat_at = now(),
-           output_tail = coalesce(p_output_tail, a.output_tail)
+           output_tail = coalesce(right(p_output_tail, 65536), a.output_tail)
       FROM jobs j
      WHERE a.id = p_attempt_id AND a.generation = p_generation AND a.state = 'running'
        AND j.id = a.job_id
        AND pgd_runner_holds_grant(a.runner_id, j.pool_id)
-    RETURNING a.lease_expires_at, j.cancel_requested_at IS NOT NULL
+    RETURNING a.lease_expires_at, j.cancel_requested_at IS NOT NULL;
+END;
 $$;

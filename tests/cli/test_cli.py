@@ -223,7 +223,7 @@ def test_unmigrated_database_says_so(server_url, tmp_path):
         assert proc.returncode == 2 and "pgdispatch db upgrade" in proc.stderr
         up = subprocess.run([sys.executable, "-m", "pgdispatch", "db", "upgrade", "--json"], env=env,
                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
-        assert up.returncode == 0 and json.loads(up.stdout)["applied"] == ["0001_baseline", "0002_claim_tombstones", "0003_audit_login", "0004_sessions_and_tokens", "0005_runner_grants"]
+        assert up.returncode == 0 and json.loads(up.stdout)["applied"] == ["0001_baseline", "0002_claim_tombstones", "0003_audit_login", "0004_sessions_and_tokens", "0005_runner_grants", "0006_complete_entry_point"]
     finally:
         with db.connect(server_url) as c:
             c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -33,7 +33,8 @@ SETTINGS = dataclasses.replace(FAST, statement_deadline_seconds=5.0)
 
 FAULT_TRIGGER = """
 CREATE SEQUENCE test_report_faults;
-CREATE FUNCTION test_report_fault() RETURNS trigger LANGUAGE plpgsql AS $$
+-- as the test's superuser: it fires inside the transitions, which run as pgdispatch_owner
+CREATE FUNCTION test_report_fault() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
     IF nextval('test_report_faults') = 1 THEN
         IF TG_ARGV[0] = 'terminate' THEN
@@ -142,7 +143,7 @@ def test_a_stalled_heartbeat_gives_up_before_the_lease_could_lapse(world, proxy,
     longer statement deadline, which is longer than the lease here), and the next beat renews
     the lease on a fresh connection: the job is not self-fenced and runs to its end once."""
     world.setup()
-    proxy.refuse("SET lease_expires_at = clock_timestamp()", None)  # sql/attempts.sql, heartbeat
+    proxy.refuse("pgd_heartbeat", None)  # sql/attempts.sql, heartbeat
     job = world.job(command=["sleep", str(3 * SETTINGS.lease_seconds)], max_attempts=2)
     _, signals = start_through()
     result = signals.next_completed(timeout=40)

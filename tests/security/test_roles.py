@@ -64,6 +64,10 @@ def forbidden_statements(conn, kind: str) -> list[str]:
              "SELECT pgd_release_slots(ARRAY[1::bigint], ARRAY[1::bigint], ARRAY[1::bigint])",
              "SELECT pgd_authorize('adm', 'admin')",
              "CREATE TABLE intruder (x int)",
+             # the keys the transitions serialise on (sql/advisory.sql): held, they would stall
+             # other people's claims, pauses and sign-ins
+             "SELECT pg_advisory_lock(1)", "SELECT pg_try_advisory_lock(1, 2)",
+             "SELECT pg_advisory_xact_lock_shared(1)",
              "CREATE FUNCTION pgd_intruder() RETURNS int LANGUAGE sql AS 'SELECT 1'"]
     for t in _tables(conn):
         column = conn.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
@@ -295,6 +299,7 @@ def test_the_managed_set_up_works_without_a_superuser(server_url, template_url, 
     with db.connect(server_url) as su:
         if su.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (setup,)).fetchone() is None:
             su.execute(f"CREATE ROLE {setup} LOGIN CREATEROLE")
+        su.execute(f"ALTER ROLE {setup} PASSWORD '{PASSWORD}'")  # the server asks every login
         for group in roles.ROLE_NAMES:
             su.execute(f"GRANT {group} TO {setup} WITH ADMIN TRUE, INHERIT FALSE, SET FALSE")
         su.execute(f"GRANT pgdispatch_migrator TO {setup} WITH INHERIT TRUE, SET TRUE")
@@ -356,3 +361,41 @@ def test_db_roles_and_db_login_make_a_login_of_one_group(db_url, tmp_path):
         verifier = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = 'pgd_test_cli_moved'").fetchone()
     assert [g["rolname"] for g in groups] == ["pgdispatch_web"]
     assert verifier["rolpassword"].startswith("SCRAM-SHA-256$")
+    # a runner host's login with a bound on its connections: one host cannot take every slot
+    out = _cli(db_url, tmp_path, "db", "login", "pgd_test_cli_bounded", "--role", "scheduler",
+               "--password-env", "PW", "--connection-limit", "2", PW=PASSWORD)
+    assert out.returncode == 0, out.stderr
+    bounded = login_url(db_url, "pgd_test_cli_bounded")
+    with db.connect(bounded), db.connect(bounded):
+        with pytest.raises(Exception, match="too many connections for role"):
+            psycopg.connect(bounded).close()
+
+
+@pytest.mark.own_database
+def test_a_runner_host_cannot_hold_work_forever_nor_skip_a_release(world, db_url, logins):
+    """A scheduler login calls its transitions with its own arguments: a heartbeat's lease is
+    bounded as a claim's is, (0, 86400] (else the job would hold its slots and target past any
+    operator's reach), and the complete it may call always releases the slots (the form
+    that does not is internal)."""
+    world.setup()
+    world.apply({"runners": [{"login": logins["scheduler"], "pools": ["linux"]}]})
+    job = world.job()["id"]
+    with db.connect(login_url(db_url, logins["scheduler"])) as host:
+        runner = transitions.register_runner(host, name="host", pools=["linux"], slots=1)
+        claim = transitions.claim(host, runner_id=runner, pools=world.pool_ids(("linux",)),
+                                  lease_seconds=30, claim_token=transitions.new_claim_token())
+        assert claim.job_id == job
+        for lease in ("3e9", "-1", "NaN", "0"):
+            with pytest.raises(psycopg.Error, match="lease seconds must be in"):
+                host.execute("SELECT * FROM pgd_heartbeat(%s, %s, %s::float8, NULL)",
+                             (claim.attempt_id, claim.generation, lease))
+        host.execute("SELECT * FROM pgd_heartbeat(%s, %s, 30, repeat('x', 1000000))",
+                     (claim.attempt_id, claim.generation))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            host.execute("SELECT pgd_complete_attempt(%s, %s, 'succeeded', 0, NULL, NULL, 'k', 2, 300, false)",
+                         (claim.attempt_id, claim.generation))
+        with pytest.raises(psycopg.errors.UndefinedFunction):
+            host.execute("SELECT pgd_complete(%s, %s, 'succeeded', 0, NULL, NULL, 'k', 2, 300, false)",
+                         (claim.attempt_id, claim.generation))
+    assert len(world.row("attempts", claim.attempt_id)["output_tail"]) == 65536
+    assert world.row("jobs", job)["state"] == "running"

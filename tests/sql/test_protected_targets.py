@@ -127,3 +127,36 @@ def test_a_database_login_approves_with_its_groups_role(conn, db_url):
             assert transitions.approve_job(c, job_id=job["id"], actor=adm)["state"] == "queued"
     finally:
         logins.drop()
+
+
+@pytest.mark.parametrize("how", ["retry", "resolve"])
+def test_an_operators_rerun_of_a_protected_deployment_waits_for_a_new_approval(world, how):
+    """An approval covers its submission (and the automatic retries of its max_attempts); an
+    operator's retry, or a resolution asking for a re-run, is a new deployment to the
+    protected target and waits for a new approval (docs/operations.md)."""
+    protected(world)
+    job = deploy(world, "qa", by="alice", max_attempts=1)
+    approve_in_sql(world.conn, job["id"], "bob")
+    runner = world.runner()
+    claim = world.claim(runner)
+    assert claim.job_id == job["id"]
+    if how == "retry":
+        transitions.complete(world.conn, attempt_id=claim.attempt_id, generation=claim.generation,
+                             outcome="failed", receipt_key=claim.receipt_key, exit_code=1)
+        answer = transitions.retry_job(world.conn, job_id=job["id"], actor="bob")
+    else:
+        world.conn.execute("UPDATE attempts SET lease_expires_at = now() - interval '1 second' "
+                           "WHERE id = %s", (claim.attempt_id,))
+        transitions.expire_one(world.conn)
+        assert world.row("jobs", job["id"])["state"] == "uncertain"
+        answer = transitions.resolve_target(world.conn, target="qa", outcome="retry",
+                                            note="rerun it", actor="bob")
+        assert answer["job_state"] == "blocked"
+    row = world.row("jobs", job["id"])
+    assert (row["state"], row["requires_approval"], row["approved_at"]) == ("blocked", True, None)
+    with pytest.raises(psycopg.Error, match="cannot approve it"):  # still not its submitter's
+        with world.conn.transaction():
+            approve_in_sql(world.conn, job["id"], "alice")
+    assert approve_in_sql(world.conn, job["id"], "carol")["state"] == "queued"
+    if how == "retry":
+        assert answer["state"] == "blocked"

@@ -58,9 +58,15 @@ BEGIN
                 v_state := 'cancelled';
             ELSIF v_failures < v_job.max_attempts THEN
                 v_state := 'queued';
-                -- at most 30 days from now whatever the settings (pgd_backoff_seconds' clamp)
-                v_ready_at := now() + make_interval(
-                    secs => pgd_backoff_seconds(v_failures, p_backoff_base_seconds, p_backoff_cap_seconds));
+                -- at most 30 days from now whatever the settings (pgd_backoff_seconds' clamp).
+                -- The caller's backoff settings apply to the jobs of pools its login may take
+                -- (every pool for an unbound one); any other job expired by this sweep gets
+                -- the defaults (2 s doubling, 300 s cap, as sql/settings.py's), so that one
+                -- runner host cannot push back the retries of pools it does not serve.
+                v_ready_at := now() + make_interval(secs => CASE
+                    WHEN c.pool_id = ANY (pgd_runner_login_pools(session_user))
+                    THEN pgd_backoff_seconds(v_failures, p_backoff_base_seconds, p_backoff_cap_seconds)
+                    ELSE pgd_backoff_seconds(v_failures, 2, 300) END);
             ELSE
                 v_state := 'failed';
             END IF;

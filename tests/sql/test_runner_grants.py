@@ -253,3 +253,28 @@ def test_console_and_explain_show_an_ungranted_runner(conn, logins):
     assert e["reason"] == "no_authorized_runner"
     assert e["message"] == f"no live runner is granted pool macos (asked for by login {login}, not granted it)"
     assert e["reasons"][0]["details"]["ungranted_logins"] == [login]
+
+
+def test_a_hosts_backoff_settings_reach_only_the_pools_it_serves(conn, logins):
+    """Any scheduler's expiry pass ends any lapsed lease (safety never waits on the lease's
+    own host), but the backoff it asks for applies to its own pools' jobs only: a linux host
+    asking for 30 days cannot push back a macos job's retry past the default cap (300 s)."""
+    linux_login, linux_url = logins.make("bk_linux", groups=(GROUP,))
+    mac_login, mac_url = logins.make("bk_mac", groups=(GROUP,))
+    w = granted_world(conn, [{"login": linux_login, "pools": ["linux"]},
+                             {"login": mac_login, "pools": ["macos"]}])
+    month = 30 * 86400.0
+    jobs = {pool: w.job(pool=pool, max_attempts=3)["id"] for pool in ("linux", "macos")}
+    for pool, url in (("linux", linux_url), ("macos", mac_url)):
+        with db.connect(url) as hc:
+            runner = register(hc, [pool])
+            transitions.claim(hc, runner_id=runner, pools=w.pool_ids((pool,)), lease_seconds=30,
+                              claim_token=transitions.new_claim_token())
+    conn.execute("UPDATE attempts SET lease_expires_at = now() - interval '1 second'")
+    with db.connect(linux_url) as hc:
+        while transitions.expire_one(hc, backoff_base_seconds=month, backoff_cap_seconds=month):
+            pass
+    delay = {pool: conn.execute("SELECT extract(epoch FROM ready_at - now())::float8 AS s FROM jobs "
+                                "WHERE id = %s", (job,)).fetchone()["s"] for pool, job in jobs.items()}
+    assert delay["macos"] <= 300, delay
+    assert delay["linux"] > 86400, delay  # its own pool: its settings

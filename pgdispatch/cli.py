@@ -536,7 +536,7 @@ def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | 
                            "in a passfile")
     # before the database is touched: a user it cannot run jobs as changes nothing
     settings = obj.settings.with_overrides(run_as=run_as)
-    sandbox = sandboxes.from_settings(settings)
+    sandbox = sandboxes.from_settings(settings, slots=slots)
 
     watch = None
     if metrics_port is not None:

@@ -511,9 +511,11 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
                    "whose DATABASE_URL goes through a pooler does not listen and polls. "
                    "Env: PGDISPATCH_LISTEN_URL.")
 @click.option("--run-as", "run_as", default=None, metavar="USER",
-              help="Run every job as this unprivileged OS user (the scheduler must be root): "
-                   "its own uid and group, a fresh working directory, no credential of the "
-                   "scheduler. Env: PGDISPATCH_RUN_AS.")
+              help="Run jobs as unprivileged OS users (the scheduler must be root): with "
+                   "{slot} (pgdispatch-job-{slot}) one user per slot, so no two running jobs "
+                   "share a uid; a plain name is shared by every slot (weaker). A fresh "
+                   "working directory, no credential of the scheduler, and whatever a job "
+                   "leaves running of its uid killed when it ends. Env: PGDISPATCH_RUN_AS.")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               envvar="PGDISPATCH_METRICS_PORT",
               help="Serve this process's Prometheus metrics on this port (0: any free port, "
@@ -544,7 +546,7 @@ def scheduler_cmd(obj: Context, pools: tuple[str, ...], slots: int, name: str | 
         check_listen_url(listen_url)  # bad input first: one line, before any warning
     # before the database is touched: a user it cannot run jobs as changes nothing
     settings = obj.settings.with_overrides(run_as=run_as)
-    sandbox = sandboxes.from_settings(settings)
+    sandbox = sandboxes.from_settings(settings, slots=slots)
 
     watch = None
     if metrics_port is not None:

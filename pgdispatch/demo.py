@@ -8,9 +8,10 @@ production deployment that needs approval, and now and then a third scheduler ki
 SIGKILL mid-deployment so that an uncertain target appears for the operator to resolve.
 Ctrl-C stops every process it started, then the embedded server.
 
-Started as root, its schedulers run the jobs as the user ``pgdispatch-job`` (PGDISPATCH_RUN_AS
-chooses another), created with useradd when missing, else ``nobody``: never as root
-(scheduler/sandbox.py).
+Started as root, its schedulers run the jobs as users of their own, one per slot
+(``pgdispatch-job-a1`` to ``-a4`` for demo-a, ``-b1`` to ``-b3`` for demo-b, ``-c1`` for the
+chaos scheduler; PGDISPATCH_RUN_AS chooses another for all of them), created with useradd when
+missing, else ``nobody``: never as root (scheduler/sandbox.py).
 """
 
 from __future__ import annotations
@@ -145,35 +146,40 @@ def _deploy_command(target: str, seconds: float) -> list[str]:
     return ["sh", "-c", f'echo "deploying to {target}"; sleep {seconds:.1f}; echo "{target} healthy"']
 
 
-DEMO_JOB_USER = "pgdispatch-job"
+# one user per slot and per scheduler ("a", "b", "c"): no two running jobs share a uid
+DEMO_JOB_USERS = "pgdispatch-job-{scheduler}{slot}"
 # the demo's workload submits and acts as this operator login (the audit log names it)
 WORKLOAD_LOGIN = "pgdispatch_demo"
 
 
-def demo_job_user(settings: Settings) -> str | None:
-    """Whom the demo's schedulers run jobs as: ``settings.run_as``, else (when root)
-    DEMO_JOB_USER, made with useradd if missing (a system user with no login shell and no
-    home), else ``nobody``; None when not root (the jobs then run as this user, who cannot
-    switch)."""
+def demo_job_users(settings: Settings, *, scheduler: str, slots: int) -> str | None:
+    """The ``--run-as`` of one demo scheduler (``scheduler``: "a", "b" or "c", with ``slots``
+    slots): ``settings.run_as``, else (when root) DEMO_JOB_USERS for it, each slot's user made
+    with useradd if missing (system users with no login shell and no home), else ``nobody``
+    (shared by the slots, weaker); None when not root (the jobs then run as this user, who
+    cannot switch)."""
     if settings.run_as:
         return settings.run_as
     if os.geteuid() != 0:
         return None
-    try:
-        pwd.getpwnam(DEMO_JOB_USER)
-        return DEMO_JOB_USER
-    except KeyError:
-        pass
-    try:
-        subprocess.run(["useradd", "--system", "--user-group", "--no-create-home",
-                        "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
-                        DEMO_JOB_USER], check=True, capture_output=True, timeout=30)
-        log.info("demo: created the user %s to run the jobs as", DEMO_JOB_USER)
-        return DEMO_JOB_USER
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("demo: could not create the user %s (%s); jobs run as nobody",
-                    DEMO_JOB_USER, exc)
-        return "nobody"
+    pattern = DEMO_JOB_USERS.replace("{scheduler}", scheduler)
+    for slot in range(1, slots + 1):
+        name = pattern.replace("{slot}", str(slot))
+        try:
+            pwd.getpwnam(name)
+            continue
+        except KeyError:
+            pass
+        try:
+            subprocess.run(["useradd", "--system", "--user-group", "--no-create-home",
+                            "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin",
+                            name], check=True, capture_output=True, timeout=30)
+            log.info("demo: created the user %s to run the jobs as", name)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning("demo: could not create the user %s (%s); jobs run as nobody",
+                        name, exc)
+            return "nobody"
+    return pattern
 
 
 class Demo:
@@ -217,19 +223,23 @@ class Demo:
         # by environment, never on a command line (readable by every local user in /proc)
         self.env = {**os.environ, **DEMO_ENV, "DATABASE_URL": self.url,
                     "PGDISPATCH_SECRET_KEY": secret, "PGDISPATCH_DATA_DIR": str(self.settings.data_dir)}
-        job_user = demo_job_user(self.settings)
-        if job_user:
-            self.env["PGDISPATCH_RUN_AS"] = job_user
         embedded.make_private(self.settings.data_dir)
         self._spawn("scheduler-a", "scheduler", "--pool", "linux", "--pool", "macos", "--pool", "deploy",
                     "--slots", "4", "--name", "demo-a", "--grace-seconds", "5",
-                    env={"DATABASE_URL": self._runner_url("demo-a")})
+                    env={"DATABASE_URL": self._runner_url("demo-a"),
+                         **self._run_as("a", 4)})
         self._spawn("scheduler-b", "scheduler", "--pool", "linux",
                     "--slots", "3", "--name", "demo-b", "--grace-seconds", "5",
-                    env={"DATABASE_URL": self._runner_url("demo-b")})
+                    env={"DATABASE_URL": self._runner_url("demo-b"),
+                         **self._run_as("b", 3)})
         self._spawn("web", "web", "--bind", self.bind,
                     env={"DATABASE_URL": self._login_url(logins.WEB, "web")})
         self._wait_for_web(60)
+
+    def _run_as(self, scheduler: str, slots: int) -> dict[str, str]:
+        """PGDISPATCH_RUN_AS for one demo scheduler (``demo_job_users``), or nothing."""
+        run_as = demo_job_users(self.settings, scheduler=scheduler, slots=slots)
+        return {"PGDISPATCH_RUN_AS": run_as} if run_as else {}
 
     def _login_url(self, login: str, kind: str) -> str:
         """The URL of the embedded server for ``login`` in group ``kind`` (sql/logins.py)."""
@@ -302,7 +312,8 @@ class Demo:
         """
         proc = self._spawn("scheduler-chaos", "scheduler", "--pool", "deploy", "--slots", "1",
                            "--name", "demo-chaos", env={"PGDISPATCH_CLAIM_INTERVAL_SECONDS": "0.05",
-                                                        "DATABASE_URL": self._runner_url("demo-chaos")})
+                                                        "DATABASE_URL": self._runner_url("demo-chaos"),
+                                                        **self._run_as("c", 1)})
         try:
             with db.connect(self.workload_url, application_name="pgdispatch-demo-chaos") as conn:
                 time.sleep(2)

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = Settings.from_env().with_overrides(run_as=args.run_as)
-        sandbox = from_settings(settings)  # refused before the database is touched
+        sandbox = from_settings(settings, slots=args.slots)  # refused before the database is touched
         return run(settings, database_url=database_url(settings), pools=args.pools, sandbox=sandbox,
                    slots=args.slots, name=args.name, grace_seconds=args.grace_seconds,
                    max_batch=args.max_batch, listen=args.listen)

@@ -3,9 +3,12 @@
 One ``Execution`` per claim, on its own thread. It ties together four parts, a module each:
 
 * supervision.py: the command in its own process group (``start_new_session``), so that every
-  way of stopping it reaches the whole tree and nothing the job started outlives it;
-* sandbox.py: as whom, where and with which environment it runs (``--run-as``, a fresh
-  working directory removed afterwards, an allow-listed environment);
+  way of stopping it reaches the whole tree;
+* sandbox.py: as whom, where and with which environment it runs (``--run-as``: a slot's own
+  user, taken for the job; a fresh working directory; an allow-listed environment), and,
+  once the command has ended however it ended, every process left of the job's uid killed
+  (a ``setsid`` escapes the group, not this) before the report is sent, then the working
+  directory removed and the user handed back;
 * heartbeats.py: the thread that extends the lease while the command runs;
 * output.py: the last 64 KiB of the command's output, kept in memory;
 * reporting.py: the outcome recorded in the database, sent again after a lost answer, and
@@ -170,16 +173,23 @@ class Execution:
                     log.exception("on_completed callback failed")
 
     def _execute(self, started: float) -> ExecutionResult:
-        workdir = self.sandbox.make_workdir(self.claim)
+        run_as = self.sandbox.take_user()
         try:
-            return self._execute_in(started, workdir)
+            workdir = self.sandbox.make_workdir(self.claim, run_as.user)
+            try:
+                return self._execute_in(started, workdir, run_as)
+            finally:
+                # leftovers first: a process of the job's uid could still write into the
+                # directory, or read it, once a later job has it
+                run_as.sweep()
+                self.sandbox.remove_workdir(workdir)
         finally:
-            self.sandbox.remove_workdir(workdir)
+            run_as.release()
 
-    def _execute_in(self, started: float, workdir) -> ExecutionResult:
+    def _execute_in(self, started: float, workdir, run_as) -> ExecutionResult:
         claim = self.claim
         try:
-            proc = start_command(claim, sandbox=self.sandbox, workdir=workdir)
+            proc = start_command(claim, sandbox=self.sandbox, workdir=workdir, user=run_as.user)
         except CommandNotStarted as exc:
             log.info("job %d attempt %d: could not start: %s", claim.job_id, claim.attempt_no,
                      exc.error)
@@ -201,16 +211,22 @@ class Execution:
                 except Exception:
                     log.exception("on_started callback failed")
             hb.start()
-            stop_reason = self._supervisor.supervise(proc, hb, tail)
+            stop_reason = self._supervisor.supervise(
+                proc, hb, tail,
+                after_exit=lambda: (run_as.kill_session(proc.pid), run_as.sweep()))
         except BaseException:
             hb.stopping.set()
             raise
         finally:
             hb.command_ended.set()
             # Whatever happened, nothing of the job's process group survives it. The watchdog
-            # is disarmed before the reap, while the group id cannot yet belong to a new job
-            # whose arm this disarm would cancel.
-            end_command(proc, before_reap=hb.disarm_watchdog)
+            # is disarmed, and the session's leftovers killed, before the reap: until then the
+            # group and session id cannot belong to a new job that this would hit.
+            end_command(proc, before_reap=lambda: (hb.disarm_watchdog(),
+                                                   run_as.kill_session(proc.pid)))
+            # and nothing else of the job's uid (a setsid escapes the session): before the
+            # report, so that once the outcome is recorded nothing of the job runs
+            run_as.sweep()
 
         exit_code = proc.returncode
         output = tail.text()

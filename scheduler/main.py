@@ -364,7 +364,8 @@ def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
     ``max_batch``: most builds claimed, and most outcomes reported, in one transaction
     (1 turns batching off). ``listen``: wake on NOTIFY as well as polling; ``listen_url``:
     the session route the listener uses (see Scheduler). ``sandbox``: how jobs are started;
-    default ``sandbox.from_settings(settings)`` (``settings.run_as``, checked first).
+    default ``sandbox.from_settings(settings, slots=slots)`` (``settings.run_as``, checked
+    first).
 
     Returns:
         0, the process exit code, once stopped.
@@ -377,7 +378,7 @@ def run(settings: Settings, *, database_url: str, pools: list[str], slots: int,
         # APScheduler logs every run of every job at INFO: several lines a second here.
         logging.getLogger("apscheduler").setLevel(logging.WARNING)
     if sandbox is None:
-        sandbox = sandboxes.from_settings(settings)
+        sandbox = sandboxes.from_settings(settings, slots=slots)
     stop_event = stop_event if stop_event is not None else threading.Event()
     hurry = threading.Event()
     restore = _install_signal_handlers(stop_event, hurry)

@@ -13,7 +13,9 @@ and ``request_stop``, whether and how to stop it; it returns why it stopped the 
   ``kill_grace_seconds`` (at once with ``hurry``);
 * None: the command exited by itself.
 
-Nothing of the group survives the job: ``end_command`` kills what is left and reaps it.
+Nothing of the group survives the job: ``end_command`` kills what is left and reaps it. A
+process that left the group (``setsid``) is the sandbox's to find and kill, by its uid
+(sandbox.py, ``RunAs``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from pgdispatch.sql.transitions import Claim
 
 from .heartbeats import Heartbeat, fence_margin_seconds
 from .output import OutputTail
-from .sandbox import Sandbox
+from .sandbox import JobUser, Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +54,12 @@ class CommandNotStarted(Exception):
         self.error = error
 
 
-def start_command(claim: Claim, *, sandbox: Sandbox, workdir: Path) -> subprocess.Popen:
+def start_command(claim: Claim, *, sandbox: Sandbox, workdir: Path,
+                  user: JobUser | None = None) -> subprocess.Popen:
     """Start the claim's command in a new session, stdin from /dev/null, stdout and stderr
-    into one pipe, in ``workdir``, as the sandbox's user with its environment and none of
-    this process's other descriptors (sandbox.py).
+    into one pipe, in ``workdir``, as ``user`` (the job's lease, sandbox.py; None: this
+    process's user) with the sandbox's environment and none of this process's other
+    descriptors.
 
     Raises:
         CommandNotStarted: the program is missing, not executable, or the arguments refused.
@@ -63,7 +67,7 @@ def start_command(claim: Claim, *, sandbox: Sandbox, workdir: Path) -> subproces
     try:
         return subprocess.Popen(claim.command, start_new_session=True, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                **sandbox.popen_kwargs(claim, workdir))
+                                **sandbox.popen_kwargs(claim, workdir, user))
     except (OSError, ValueError) as exc:
         exit_code = 127 if isinstance(exc, (FileNotFoundError, NotADirectoryError)) else 126
         raise CommandNotStarted(
@@ -162,9 +166,13 @@ class Supervisor:
         """Release the wake-up pipe; later ``wake`` and ``request_stop`` calls do nothing."""
         self._waker.close()
 
-    def supervise(self, proc: subprocess.Popen, hb: Heartbeat, tail: OutputTail) -> str | None:
+    def supervise(self, proc: subprocess.Popen, hb: Heartbeat, tail: OutputTail, *,
+                  after_exit: Callable[[], None] | None = None) -> str | None:
         """Read output into ``tail`` and enforce the rules until the command exits; returns
-        the stop reason (fenced, self_fenced, cancel, timeout, shutdown, or None)."""
+        the stop reason (fenced, self_fenced, cancel, timeout, shutdown, or None).
+        ``after_exit`` is called once the leader has exited and the group is killed, before
+        the leader is reaped and the rest of the output read (the sandbox kills what escaped
+        the group, which may hold the output pipe open)."""
         claim = self.claim
         # Fence a margin before the lease could lapse, at the same moment as the watchdog.
         lease = self.settings.lease_seconds - fence_margin_seconds(self.settings.lease_seconds)
@@ -237,6 +245,8 @@ class Supervisor:
                         self._waker.drain()
             # The leader exited; read what is left once the rest of the group is gone too.
             _kill_group(proc.pid, signal.SIGKILL)
+            if after_exit is not None:
+                after_exit()
             self._read_rest(out_fd, tail, sel)
             return stop_reason
         finally:

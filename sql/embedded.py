@@ -8,10 +8,19 @@ so the URL itself may be logged or shown. ``data_dir`` is kept private to this O
 0710 with this process's group when root, whose server runs as ``embedded_postgres`` with
 root's group): a job run as another user (``--run-as``) reaches neither the password file
 nor the socket inside it.
+
+embedded-postgres, run as root, opens every parent directory of the data directory (and of its
+own binaries) to all users (``chmod g+rx,o+rx`` up to ``/``) on each start, so that its server
+user can reach them. ``start_server`` notes each parent's mode before the library runs and
+puts it back afterwards (``_parents_kept``), adding only traverse for this process's group
+where the directory has that group: the server keeps it. A parent the server could not reach
+that way (another group, no traverse for others) is refused before anything changes.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import re
@@ -19,6 +28,7 @@ import secrets
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -67,11 +77,13 @@ def start_server(data_dir: Path | str, *, cleanup_mode: str | None = "stop"):
     data_dir.mkdir(parents=True, exist_ok=True)
     pgdata = data_dir / "pgdata"
     password = _password(data_dir)
-    if not (pgdata / "PG_VERSION").exists():
-        _initdb(pgdata, password)
-    server = embedded_postgres.get_server(pgdata, cleanup_mode=cleanup_mode)
-    # embedded-postgres opens every parent of pgdata to others (g+rx, o+rx) on each start,
-    # so that its server user can reach it; close data_dir again at once
+    from embedded_postgres._commands import POSTGRES_BIN_PATH
+
+    with _parents_kept([pgdata, POSTGRES_BIN_PATH]):
+        if not (pgdata / "PG_VERSION").exists():
+            _initdb(pgdata, password)
+        server = embedded_postgres.get_server(pgdata, cleanup_mode=cleanup_mode)
+    # the library opened data_dir too (a parent of pgdata): private again at once
     make_private(data_dir)
     info = server.get_postmaster_info()
     url = (f"postgresql://{SUPERUSER}@/postgres?host={quote(str(info.socket_dir), safe='/')}"
@@ -79,6 +91,60 @@ def start_server(data_dir: Path | str, *, cleanup_mode: str | None = "stop"):
            + f"&passfile={quote(str(passfile(data_dir)), safe='/')}")
     _require_passwords(pgdata, url, password)
     return server, url
+
+
+@contextlib.contextmanager
+def _parents_kept(paths: list[Path]) -> Iterator[None]:
+    """Run the body (embedded-postgres's start, as root) and then give every parent directory
+    of ``paths`` its mode from before, plus traverse for this process's group (0o010) where
+    the directory has that group: the server user runs with it (see ``make_private``). Never
+    read or traverse for others where it was not. Nothing is done when not root (the library
+    changes nothing then).
+
+    Raises:
+        RuntimeError: a parent the server could not traverse once restored (neither owned by
+            it, nor of this process's group, nor traversable by others); nothing is changed.
+    """
+    if _server_user() is None:
+        yield
+        return
+    import pwd
+
+    try:
+        server_uid = pwd.getpwnam(_server_user()).pw_uid
+    except KeyError:
+        server_uid = None  # made by the library in the body
+    gid = os.getgid()
+    parents: dict[Path, os.stat_result] = {}
+    for path in paths:
+        for parent in Path(path).resolve().parents:
+            if parent not in parents:
+                parents[parent] = os.stat(parent)
+    for parent, st in parents.items():
+        if not (st.st_uid == server_uid or st.st_gid == gid or st.st_mode & stat.S_IXOTH):
+            raise RuntimeError(
+                f"{parent}: the embedded server (user {_server_user()}, group {gid}) cannot "
+                f"reach its data through this directory (group {st.st_gid}, mode "
+                f"{stat.S_IMODE(st.st_mode):04o}); put the data directory elsewhere "
+                f"(PGDISPATCH_DATA_DIR), give the directory group {gid}, or use DATABASE_URL")
+    # one start at a time on this host: a second start would take the first one's opened
+    # modes for the originals, and put them back open
+    ensure_runtime_dir()
+    lock_path = Path(os.environ["XDG_RUNTIME_DIR"]) / "pgdispatch-embedded-start.lock"
+    with open(lock_path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        # read again under the lock: another start may have just restored them
+        parents = {parent: os.stat(parent) for parent in parents}
+        try:
+            yield
+        finally:
+            for parent, st in parents.items():
+                mode = stat.S_IMODE(st.st_mode) | (stat.S_IXGRP if st.st_gid == gid else 0)
+                try:
+                    if stat.S_IMODE(os.stat(parent).st_mode) != mode:
+                        os.chmod(parent, mode)
+                except OSError as exc:
+                    log.warning("%s: could not restore mode %04o: %s", parent, mode, exc)
 
 
 def passfile(data_dir: Path | str) -> Path:

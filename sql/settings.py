@@ -105,8 +105,9 @@ class Settings:
             direct connection or a pooler that keeps prepared statements per client
             (PgBouncer 1.21 or later with max_prepared_statements). Never through a
             transaction pooler without that (docs/operations.md, PgBouncer).
-        run_as: the OS user a scheduler runs its jobs as (PGDISPATCH_RUN_AS, ``--run-as``);
-            None: its own user (scheduler/sandbox.py).
+        run_as: the OS user a scheduler runs its jobs as (PGDISPATCH_RUN_AS, ``--run-as``),
+            or a pattern with ``{slot}`` naming one user per slot; None: its own user
+            (scheduler/sandbox.py).
         job_env_allow: more environment names a job inherits (PGDISPATCH_JOB_ENV_ALLOW).
     """
 

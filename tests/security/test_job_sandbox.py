@@ -11,9 +11,11 @@ them: they create the job's user and run the scheduler as root, and fail when th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -29,21 +31,28 @@ from pgdispatch.sql import db, embedded, migrate, reads
 from ..cli.support import CONFIG, run_pgdispatch
 
 JOB_USER = "pgdispatch-test-job"
+# one user per slot (--run-as with {slot}): pgdispatch-test-slot-1, -2
+SLOT_PATTERN = "pgdispatch-test-slot-{slot}"
 HOSTILE = (Path(__file__).parent / "hostile_job.py").read_text()
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def job_user() -> pwd.struct_passwd:
-    """The job's user, created with useradd when missing."""
+def job_user(name: str = JOB_USER) -> pwd.struct_passwd:
+    """The job's user ``name``, created with useradd when missing."""
     assert os.geteuid() == 0, ("the job sandbox tests run as root (they create a user and run a "
                                "scheduler that switches to it); run them as root, as CI does")
     try:
-        return pwd.getpwnam(JOB_USER)
+        return pwd.getpwnam(name)
     except KeyError:
         subprocess.run(["useradd", "--system", "--user-group", "--no-create-home",
-                        "--shell", "/usr/sbin/nologin", JOB_USER], check=True,
+                        "--shell", "/usr/sbin/nologin", name], check=True,
                        capture_output=True, timeout=30)
-        return pwd.getpwnam(JOB_USER)
+        return pwd.getpwnam(name)
+
+
+def slot_users(slots: int = 2) -> list[pwd.struct_passwd]:
+    """The users of SLOT_PATTERN for slots 1 to ``slots``, created when missing."""
+    return [job_user(SLOT_PATTERN.replace("{slot}", str(n))) for n in range(1, slots + 1)]
 
 
 @pytest.fixture(scope="module")
@@ -79,47 +88,75 @@ def _config(folder: Path) -> str:
 SECRET_KEY = "session-key-" + "k" * 20
 
 
-def run_hostile_job(folder: Path, url: str, *scheduler_args: str) -> tuple[dict, str]:
-    """Start ``pgdispatch scheduler`` in ``folder`` with the credentials in its environment,
-    run hostile_job.py through it, stop it; returns (the job's report, its output tail)."""
-    data_dir = folder / ".pgdispatch"
+@contextlib.contextmanager
+def running_scheduler(folder: Path, url: str, *scheduler_args: str, slots: int = 1):
+    """A ``pgdispatch scheduler`` for pool linux started in ``folder`` with the credentials in
+    its environment, as a runner host's; stopped (SIGTERM, waited for) on leaving."""
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
            "DATABASE_URL": url, "PGPASSWORD": url.split(":")[2].split("@")[0],
            "PGDISPATCH_SECRET_KEY": SECRET_KEY, "PGDISPATCH_CLAIM_INTERVAL_SECONDS": "0.2",
            "PYTHONPATH": str(ROOT)}
     log = open(folder / "scheduler.log", "wb")
     scheduler = subprocess.Popen([sys.executable, "-m", "pgdispatch", "scheduler", "--pool", "linux",
-                                  "--slots", "1", "--grace-seconds", "5", *scheduler_args],
+                                  "--slots", str(slots), "--grace-seconds", "5", *scheduler_args],
                                  env=env, cwd=folder, stdout=log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL)
     log.close()
     try:
-        with db.connect(url) as conn:
-            socket_path = conn.execute("SELECT current_setting('unix_socket_directories') AS d"
-                                       ).fetchone()["d"]
-            port = conn.execute("SELECT current_setting('port') AS p").fetchone()["p"]
-        submitted = run_pgdispatch(url, folder, "submit", "--project", "web", "--pool", "linux",
-                                   "--timeout", "60", "--", "python3", "-c", HOSTILE,
-                                   str(data_dir), str(folder),
-                                   f"{socket_path}/.s.PGSQL.{port}", port)
-        assert submitted.returncode == 0, submitted.stderr
-        job_id = json.loads(submitted.stdout)["id"]
-        deadline = time.monotonic() + 60
-        with db.connect(url) as conn:
-            while True:
-                job = reads.show_job(conn, job_id=job_id)
-                if job["state"] in ("succeeded", "failed"):
-                    break
-                assert scheduler.poll() is None, (folder / "scheduler.log").read_text()
-                assert time.monotonic() < deadline, f"the job did not end: {job['state']}"
-                time.sleep(0.2)
-        tail = job["attempts"][-1]["output_tail"]
-        lines = [line for line in tail.splitlines() if line.startswith("REPORT ")]
-        assert job["state"] == "succeeded" and lines, tail
-        return json.loads(lines[-1][len("REPORT "):]), tail
+        yield scheduler
     finally:
         scheduler.terminate()
         scheduler.wait(30)
+
+
+def submit(url: str, folder: Path, *command: str, timeout: int = 60) -> int:
+    """Submit ``command`` to project web, pool linux; returns the job's id."""
+    submitted = run_pgdispatch(url, folder, "submit", "--project", "web", "--pool", "linux",
+                               "--timeout", str(timeout), "--", *command)
+    assert submitted.returncode == 0, submitted.stderr
+    return json.loads(submitted.stdout)["id"]
+
+
+def wait_for_job(url: str, folder: Path, scheduler: subprocess.Popen, job_id: int,
+                 states: tuple[str, ...] = ("succeeded", "failed", "cancelled"),
+                 timeout_s: float = 60) -> dict:
+    """The job (reads.show_job) once its state is one of ``states``."""
+    deadline = time.monotonic() + timeout_s
+    with db.connect(url) as conn:
+        while True:
+            job = reads.show_job(conn, job_id=job_id)
+            if job["state"] in states:
+                return job
+            assert scheduler.poll() is None, (folder / "scheduler.log").read_text()
+            assert time.monotonic() < deadline, f"job {job_id} is still {job['state']}"
+            time.sleep(0.1)
+
+
+def job_report(job: dict) -> dict:
+    """The JSON of the last ``REPORT `` line in the job's output tail."""
+    tail = job["attempts"][-1]["output_tail"]
+    lines = [line for line in tail.splitlines() if line.startswith("REPORT ")]
+    assert lines, tail
+    return json.loads(lines[-1][len("REPORT "):])
+
+
+def run_hostile_job(folder: Path, url: str, *scheduler_args: str) -> tuple[dict, str]:
+    """Start ``pgdispatch scheduler`` in ``folder`` with the credentials in its environment,
+    run hostile_job.py through it, stop it; returns (the job's report, its output tail)."""
+    data_dir = folder / ".pgdispatch"
+    try:
+        with running_scheduler(folder, url, *scheduler_args) as scheduler:
+            with db.connect(url) as conn:
+                socket_path = conn.execute("SELECT current_setting('unix_socket_directories') AS d"
+                                           ).fetchone()["d"]
+                port = conn.execute("SELECT current_setting('port') AS p").fetchone()["p"]
+            job_id = submit(url, folder, "python3", "-c", HOSTILE, str(data_dir), str(folder),
+                            f"{socket_path}/.s.PGSQL.{port}", port)
+            job = wait_for_job(url, folder, scheduler, job_id, ("succeeded", "failed"))
+        tail = job["attempts"][-1]["output_tail"]
+        assert job["state"] == "succeeded", tail
+        return job_report(job), tail
+    finally:
         for leftover in (folder / "written-by-a-job", folder / ".pgdispatch" / "written-by-a-job"):
             leftover.unlink(missing_ok=True)
 
@@ -242,3 +279,170 @@ def test_the_embedded_server_refuses_a_connection_without_password(server_url, t
                            capture_output=True, text=True, timeout=30)
     assert wrong.returncode == 3 and "password authentication failed" in wrong.stdout
     assert (Path(params["passfile"]).stat().st_mode & 0o777) == 0o600
+
+
+# A job that leaves a process behind: double fork and setsid (out of the job's process group
+# and session), writing a marker every 0.1 s; the job exits once the marker is there.
+LEAVE_BEHIND = r"""
+( setsid sh -c 'while :; do date +%s%N > "$0"; sleep 0.1; done' "$1" & )
+while [ ! -s "$1" ]; do sleep 0.05; done
+echo "REPORT {\"uid\": $(id -u)}"
+"""
+
+
+def marker_is_still_written(marker: Path, seconds: float = 1.0) -> bool:
+    """Whether ``marker`` changes within ``seconds`` (something still writes it)."""
+    before = marker.read_text()
+    time.sleep(seconds)
+    return marker.read_text() != before
+
+
+def processes_of(uid: int) -> list[int]:
+    """Live (not zombie) processes whose real uid is ``uid``, from /proc."""
+    pids = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines()
+                          if ":" in line)
+        except OSError:
+            continue
+        if int(fields["Uid"].split()[0]) == uid and fields["State"].split()[0] not in "ZX":
+            pids.append(int(status.parent.name))
+    return pids
+
+
+@pytest.fixture
+def shared_tmp():
+    """A folder every user may write into (sticky, as /tmp), removed afterwards."""
+    path = Path(tempfile.mkdtemp(prefix="pgd-test-shared-"))
+    os.chmod(path, 0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_nothing_a_job_started_outlives_its_report(runner_host, shared_tmp):
+    """A process that left the job's group and session (setsid) is killed by its uid before
+    the outcome is recorded, with a user per slot."""
+    folder, url, _ = runner_host
+    users = slot_users(1)
+    marker = shared_tmp / "marker"
+    with running_scheduler(folder, url, "--run-as", SLOT_PATTERN) as scheduler:
+        job_id = submit(url, folder, "sh", "-c", LEAVE_BEHIND, "sh", str(marker))
+        job = wait_for_job(url, folder, scheduler, job_id)
+        assert job["state"] == "succeeded", job["attempts"][-1]["output_tail"]
+        assert job_report(job)["uid"] == users[0].pw_uid
+        assert processes_of(users[0].pw_uid) == []
+        assert marker.exists() and not marker_is_still_written(marker)
+    log = (folder / "scheduler.log").read_text()
+    assert re.search(r"killed \d+ processes of pgdispatch-test-slot-1 left behind by a job", log), log
+
+
+def test_with_a_shared_user_a_job_s_leftover_lives_while_another_job_runs(runner_host,
+                                                                          shared_tmp):
+    """The variant (a plain --run-as, shared by the slots): the check above fails while
+    another job of the same uid runs, since its processes cannot be told apart from the
+    leftover; the leftover dies with the last job of that uid (here: the scheduler's stop)."""
+    folder, url, _ = runner_host
+    user = job_user()
+    marker = shared_tmp / "marker"
+    with running_scheduler(folder, url, "--run-as", JOB_USER, slots=2) as scheduler:
+        sleeper = submit(url, folder, "sleep", "60")
+        wait_for_job(url, folder, scheduler, sleeper, ("running",))
+        job_id = submit(url, folder, "sh", "-c", LEAVE_BEHIND, "sh", str(marker))
+        job = wait_for_job(url, folder, scheduler, job_id)
+        assert job["state"] == "succeeded", job["attempts"][-1]["output_tail"]
+        assert marker_is_still_written(marker), "the leftover was killed: the variant shows nothing"
+        assert processes_of(user.pw_uid)
+        cancelled = run_pgdispatch(url, folder, "jobs", "cancel", str(sleeper))
+        assert cancelled.returncode == 0, cancelled.stderr
+        wait_for_job(url, folder, scheduler, sleeper, ("cancelled",))
+        # the sleeper was the last job of the uid: nothing of it is left
+        assert processes_of(user.pw_uid) == []
+        assert not marker_is_still_written(marker)
+
+
+# Two jobs that meet: each writes its pid and working directory into the shared folder,
+# waits for the other, tries to read the other's environment and files, waits until the
+# other has tried too, and reports.
+PEEK = r"""
+import json, os, sys, time
+rdv, me = sys.argv[1], str(os.getpid())
+with open("secret.txt", "w") as f:
+    f.write("secret of " + me)
+with open(os.path.join(rdv, "at-" + me), "w") as f:
+    f.write(os.getcwd())
+
+def wait_for(prefix):
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        names = [n for n in os.listdir(rdv) if n.startswith(prefix) and n != prefix + me]
+        if names:
+            return names[0][len(prefix):]
+        time.sleep(0.05)
+    sys.exit("the other job never came")
+
+other = wait_for("at-")
+with open(os.path.join(rdv, "at-" + other)) as f:
+    other_cwd = f.read()
+
+def attempt(fn):
+    try:
+        return fn()
+    except OSError:
+        return None
+
+report = {"uid": os.getuid(), "cwd": os.getcwd(),
+          "environ": attempt(lambda: open("/proc/%s/environ" % other, "rb").read()[:300].decode(errors="replace")),
+          "listing": attempt(lambda: os.listdir(other_cwd)),
+          "secret": attempt(lambda: open(os.path.join(other_cwd, "secret.txt")).read())}
+open(os.path.join(rdv, "done-" + me), "w").close()
+wait_for("done-")
+print("REPORT " + json.dumps(report))
+"""
+
+
+def run_two_jobs_that_meet(folder: Path, url: str, shared: Path, run_as: str) -> list[dict]:
+    """PEEK twice at once on a scheduler with 2 slots run as ``run_as``; their reports."""
+    with running_scheduler(folder, url, "--run-as", run_as, slots=2) as scheduler:
+        ids = [submit(url, folder, "python3", "-c", PEEK, str(shared)) for _ in range(2)]
+        jobs = [wait_for_job(url, folder, scheduler, job_id) for job_id in ids]
+    for job in jobs:
+        assert job["state"] == "succeeded", job["attempts"][-1]["output_tail"]
+    return [job_report(job) for job in jobs]
+
+
+def test_concurrent_jobs_run_as_different_users_and_cannot_reach_each_other(runner_host,
+                                                                            shared_tmp):
+    folder, url, _ = runner_host
+    users = slot_users(2)
+    reports = run_two_jobs_that_meet(folder, url, shared_tmp, SLOT_PATTERN)
+    assert sorted(r["uid"] for r in reports) == sorted(u.pw_uid for u in users)
+    for report in reports:
+        assert (report["environ"], report["listing"], report["secret"]) == (None, None, None)
+        assert not Path(report["cwd"]).exists()
+
+
+def test_concurrent_jobs_sharing_a_user_read_each_other(runner_host, shared_tmp):
+    """The variant: with a plain --run-as the same jobs read each other's environment and
+    files, which shows the check above can fail."""
+    folder, url, _ = runner_host
+    job_user()
+    reports = run_two_jobs_that_meet(folder, url, shared_tmp, JOB_USER)
+    assert reports[0]["uid"] == reports[1]["uid"]
+    for report in reports:
+        assert "PGDISPATCH_JOB_ID=" in report["environ"]
+        assert report["secret"].startswith("secret of ") and "secret.txt" in report["listing"]
+
+
+def test_run_as_refuses_a_pattern_whose_users_are_missing(tmp_path):
+    slot_users(2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
+    env.update(DATABASE_URL="postgresql://nobody@127.0.0.1:1/never-contacted")
+    base = [sys.executable, "-m", "pgdispatch", "scheduler", "--pool", "linux"]
+    # slots 1 and 2 exist, 3 does not
+    missing = subprocess.run([*base, "--slots", "3", "--run-as", SLOT_PATTERN], env=env,
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines()[-1] == (
+        "error: --run-as: no such user 'pgdispatch-test-slot-3' (slot 3 of --run-as "
+        f"{SLOT_PATTERN}; create one user per slot, 1 to 3)")

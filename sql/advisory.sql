@@ -6,23 +6,18 @@
 -- upgrade's lock, taken before it becomes the owner) may. The functions belong to the
 -- bootstrap superuser: this file needs a superuser, and `db upgrade` and `db roles` run it when
 -- their login is one (docs/operations.md, "Database roles", for a managed server).
-REVOKE EXECUTE ON FUNCTION
-    pg_advisory_lock(bigint), pg_advisory_lock(integer, integer),
-    pg_advisory_lock_shared(bigint), pg_advisory_lock_shared(integer, integer),
-    pg_try_advisory_lock(bigint), pg_try_advisory_lock(integer, integer),
-    pg_try_advisory_lock_shared(bigint), pg_try_advisory_lock_shared(integer, integer),
-    pg_advisory_xact_lock(bigint), pg_advisory_xact_lock(integer, integer),
-    pg_advisory_xact_lock_shared(bigint), pg_advisory_xact_lock_shared(integer, integer),
-    pg_try_advisory_xact_lock(bigint), pg_try_advisory_xact_lock(integer, integer),
-    pg_try_advisory_xact_lock_shared(bigint), pg_try_advisory_xact_lock_shared(integer, integer)
-    FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION
-    pg_advisory_lock(bigint), pg_advisory_lock(integer, integer),
-    pg_advisory_lock_shared(bigint), pg_advisory_lock_shared(integer, integer),
-    pg_try_advisory_lock(bigint), pg_try_advisory_lock(integer, integer),
-    pg_try_advisory_lock_shared(bigint), pg_try_advisory_lock_shared(integer, integer),
-    pg_advisory_xact_lock(bigint), pg_advisory_xact_lock(integer, integer),
-    pg_advisory_xact_lock_shared(bigint), pg_advisory_xact_lock_shared(integer, integer),
-    pg_try_advisory_xact_lock(bigint), pg_try_advisory_xact_lock(integer, integer),
-    pg_try_advisory_xact_lock_shared(bigint), pg_try_advisory_xact_lock_shared(integer, integer)
-    TO pgdispatch_owner, pgdispatch_migrator;
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    -- every lock-taking form (session and transaction, exclusive and shared, blocking and
+    -- try); the unlock functions stay PUBLIC's: they release only the caller's own locks
+    FOR f IN SELECT p.oid::regprocedure FROM pg_proc p
+              WHERE p.pronamespace = 'pg_catalog'::regnamespace
+                AND p.proname ~ '^pg_(try_)?advisory_(xact_)?lock(_shared)?$'
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO pgdispatch_owner, pgdispatch_migrator', f);
+    END LOOP;
+END
+$$;

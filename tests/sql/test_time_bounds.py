@@ -16,6 +16,7 @@ from pgdispatch.sql import InvalidInput, explain, reads, transitions
 from pgdispatch.sql.queries import Q
 from pgdispatch.sql.timestamps import EARLIEST, LATEST
 
+from .. import variants
 from .catalog import function_source
 
 # Stored times Python's datetime cannot hold (years 1 to 9999), from both ends of
@@ -142,10 +143,17 @@ def test_a_heartbeat_with_a_lease_out_of_range_is_refused(world, lease):
     assert lease_now.lease_expires_at - before <= dt.timedelta(days=1, seconds=60)
 
 
-def test_without_the_check_a_heartbeat_stores_a_lease_that_never_lapses(world):
-    """The check above can fail: the heartbeat's statement as it is, given 3e11 s, stores a
-    lease past year 9999 — an attempt no expiry pass would ever end."""
+def test_the_database_refuses_a_heartbeat_lease_that_never_lapses(world):
+    """The heartbeat's own function bounds the lease, whoever calls it (a runner host's login
+    calls it directly: tests/security/test_roles.py); without that check, given 3e11 s, it
+    stores a lease past year 9999 — an attempt no expiry pass would ever end."""
     c = running_build(world)
+    with pytest.raises(psycopg.Error, match="lease seconds must be in"), world.conn.transaction():
+        Q.heartbeat(world.conn, attempt_id=c.attempt_id, generation=c.generation,
+                    lease_seconds=3e11, output_tail=None)
+    world.conn.execute(variants.variant_sql(world.conn, "pgd_heartbeat", [(
+        "IF p_lease_seconds IS NULL OR NOT (p_lease_seconds > 0 AND p_lease_seconds <= 86400) THEN",
+        "IF false THEN")]))
     Q.heartbeat(world.conn, attempt_id=c.attempt_id, generation=c.generation,
                 lease_seconds=3e11, output_tail=None)
     assert year(world.conn, "SELECT lease_expires_at FROM attempts WHERE id = %s", (c.attempt_id,)) > 9999

@@ -208,7 +208,8 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str | None) -> dict[str, int
     if changed:
         import json
         # no actor named (the CLI): the database says who the login acts as
-        Q.record_event(conn, actor=actor or Q.acting_login(conn, required="admin"), action="apply_config", subject="config", reason=None,
+        Q.record_event(conn, actor=actor or Q.acting_login(conn, required="admin"),
+                       action="apply_config", subject="config", reason=None,
                        details=json.dumps({"changed_rows": changed, **counts}))
     counts["changed_rows"] = changed
     return counts

@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from .conftest import MIGRATIONS
+
 ROOT = Path(__file__).resolve().parent.parent
 BARE = {"sql", "scheduler", "webapp"}
 
@@ -94,7 +96,7 @@ def test_the_wheel_installs_beside_pypi_scheduler_and_claims(tmp_path, new_datab
         return proc
 
     assert "Usage: pgdispatch" in run("--help").stdout
-    assert json.loads(run("db", "upgrade", "--json").stdout)["applied"] == ["0001_baseline", "0002_claim_tombstones", "0003_audit_login", "0004_sessions_and_tokens", "0005_runner_grants", "0006_complete_entry_point"]
+    assert json.loads(run("db", "upgrade", "--json").stdout)["applied"] == MIGRATIONS
     config = tmp_path / "config.toml"
     config.write_text('[[organizations]]\nname = "acme"\nmax_running = 2\n'
                       '[[pools]]\nname = "linux"\nslots = 2\n'

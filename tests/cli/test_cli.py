@@ -209,7 +209,7 @@ def test_a_command_outside_the_checkout_says_it_creates_a_new_database():
 
 
 def test_unmigrated_database_says_so(server_url, tmp_path):
-    from tests.conftest import with_database
+    from tests.conftest import MIGRATIONS, with_database
     from pgdispatch.sql import db
 
     name = f"pgd_test_empty_{os.getpid()}"
@@ -223,7 +223,7 @@ def test_unmigrated_database_says_so(server_url, tmp_path):
         assert proc.returncode == 2 and "pgdispatch db upgrade" in proc.stderr
         up = subprocess.run([sys.executable, "-m", "pgdispatch", "db", "upgrade", "--json"], env=env,
                             capture_output=True, text=True, timeout=60, cwd=tmp_path)
-        assert up.returncode == 0 and json.loads(up.stdout)["applied"] == ["0001_baseline", "0002_claim_tombstones", "0003_audit_login", "0004_sessions_and_tokens", "0005_runner_grants", "0006_complete_entry_point"]
+        assert up.returncode == 0 and json.loads(up.stdout)["applied"] == MIGRATIONS
     finally:
         with db.connect(server_url) as c:
             c.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -13,9 +13,8 @@ import pytest
 from pgdispatch.sql import db, migrate, transitions
 from pgdispatch.sql.validate import JOB_STATES
 
-from ..conftest import with_database
+from ..conftest import MIGRATIONS, with_database
 
-MIGRATIONS = ["0001_baseline", "0002_claim_tombstones", "0003_audit_login", "0004_sessions_and_tokens", "0005_runner_grants", "0006_complete_entry_point"]
 
 # DESIGN.md, "Entities and states"
 STATES = {

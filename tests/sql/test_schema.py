@@ -12,6 +12,7 @@ import pytest
 
 from pgdispatch.sql import PgDispatchError, db, migrate
 
+from ..conftest import MIGRATIONS
 from .catalog import describe, differences
 
 
@@ -26,7 +27,7 @@ def from_readable_files(url: str, schema_text: str | None = None) -> None:
 
 def test_a_database_built_by_db_upgrade_is_the_one_the_readable_files_describe(new_database):
     upgraded, readable = new_database(), new_database()
-    assert migrate.upgrade(upgraded) == ["0001_baseline", "0002_claim_tombstones", "0003_audit_login", "0004_sessions_and_tokens", "0005_runner_grants", "0006_complete_entry_point"]
+    assert migrate.upgrade(upgraded) == MIGRATIONS
     from_readable_files(readable)
     with db.connect(upgraded) as a, db.connect(readable) as b:
         want, got = describe(b), describe(a)

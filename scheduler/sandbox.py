@@ -310,6 +310,28 @@ class Sandbox:
                 if killed:
                     log.info("killed %d processes of %s left behind by a job", killed, user.name)
 
+    def sweep_leftovers(self) -> int:
+        """Before the first job: SIGKILL every process of the slots' users (``{slot}`` only),
+        which an earlier run of this scheduler left behind when it died without reaching its
+        jobs' end (SIGKILL, a crash, the machine's OOM killer). The users are this
+        scheduler's alone (docs/operations.md: two schedulers on one host use different
+        patterns), so nothing of them may run before it does. Returns how many were killed.
+        A plain, shared ``--run-as`` user is left alone: another scheduler may use it."""
+        if not self.is_per_slot:
+            return 0
+        killed = 0
+        for user in self.users:
+            try:
+                n = kill_processes_of(user.uid)
+            except OSError as exc:  # no /proc: nothing to scan
+                log.warning("could not look for processes of %s left behind: %s", user.name, exc)
+                return killed
+            if n:
+                log.warning("killed %d processes of %s left behind by an earlier run's jobs",
+                            n, user.name)
+            killed += n
+        return killed
+
     def _release(self, user: JobUser) -> None:
         with self._lock:
             self._running[user.uid] -= 1
@@ -343,8 +365,9 @@ class Sandbox:
 
 def from_settings(settings: Settings, *, slots: int = 1) -> Sandbox:
     """The sandbox ``settings`` asks for, for a scheduler with ``slots`` slots: ``run_as``
-    resolved (``resolve_run_as_users``) and ``job_env_allow``; warns when that leaves jobs
-    running as root (``warn_if_root``).
+    resolved (``resolve_run_as_users``) and ``job_env_allow``; with ``{slot}``, what an
+    earlier run's jobs left behind is killed first (``Sandbox.sweep_leftovers``); warns when
+    that leaves jobs running as root (``warn_if_root``).
 
     Raises:
         InvalidInput: as ``resolve_run_as_users``.
@@ -357,6 +380,7 @@ def from_settings(settings: Settings, *, slots: int = 1) -> Sandbox:
         sandbox = Sandbox(env_allow=env_allow, users=users)
         log.info("jobs run as %s, one user per slot (uids %s)", settings.run_as,
                  ", ".join(str(u.uid) for u in users))
+        sandbox.sweep_leftovers()
     else:
         user = resolve_run_as(settings.run_as)
         sandbox = Sandbox(user=user, env_allow=env_allow)

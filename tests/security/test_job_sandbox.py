@@ -446,3 +446,50 @@ def test_run_as_refuses_a_pattern_whose_users_are_missing(tmp_path):
     assert missing.stderr.strip().splitlines()[-1] == (
         "error: --run-as: no such user 'pgdispatch-test-slot-3' (slot 3 of --run-as "
         f"{SLOT_PATTERN}; create one user per slot, 1 to 3)")
+
+
+# What a job left behind when its scheduler died without reaching the job's end (SIGKILL):
+# a process of a slot's user, out of any session of the new scheduler, writing a marker.
+ORPHAN = 'while :; do date +%s%N > "$0"; sleep 0.1; done'
+
+
+@pytest.mark.parametrize("run_as", ["per-slot", "shared"])
+def test_a_new_scheduler_kills_what_an_earlier_runs_jobs_left_behind(runner_host, shared_tmp,
+                                                                    run_as):
+    """With a user per slot, the users are the scheduler's alone: at start it kills every
+    process of theirs before taking a job (an earlier run killed with SIGKILL could not).
+    The variant, a plain shared --run-as user that another scheduler may use, is left
+    alone: the orphan lives on, which the check would see."""
+    folder, url, _ = runner_host
+    user = slot_users(1)[0] if run_as == "per-slot" else job_user()
+    marker = shared_tmp / "orphan"
+    orphan = subprocess.Popen(["setsid", "sh", "-c", ORPHAN, str(marker)], user=user.pw_uid,
+                              group=user.pw_gid, extra_groups=[], cwd=shared_tmp,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while not (marker.exists() and marker.read_text()):
+            assert time.monotonic() < deadline, "the orphan did not start"
+            time.sleep(0.05)
+        args = ("--run-as", SLOT_PATTERN if run_as == "per-slot" else JOB_USER)
+        with running_scheduler(folder, url, *args) as scheduler:
+            # up and serving, before any job ran: nothing but the start-up sweep was there
+            deadline = time.monotonic() + 30
+            while "serving linux" not in (folder / "scheduler.log").read_text():
+                assert scheduler.poll() is None and time.monotonic() < deadline, \
+                    (folder / "scheduler.log").read_text()
+                time.sleep(0.05)
+            if run_as == "per-slot":
+                assert not marker_is_still_written(marker)
+                assert processes_of(user.pw_uid) == []
+            else:
+                assert marker_is_still_written(marker), "the variant shows nothing"
+        log = (folder / "scheduler.log").read_text()
+        if run_as == "per-slot":
+            assert re.search(rf"killed \d+ processes of {user.pw_name} left behind by an "
+                             r"earlier run's jobs", log), log
+    finally:
+        orphan.kill()
+        orphan.wait(10)
+        for pid in processes_of(user.pw_uid):
+            os.kill(pid, 9)

@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from flask import Blueprint, abort, current_app, g, jsonify, request, url_for
-from werkzeug.exceptions import BadRequest, UnsupportedMediaType
+from werkzeug.exceptions import BadRequest, RequestEntityTooLarge, UnsupportedMediaType
 
 from pgdispatch.sql import InvalidInput, accounts, explain, reads, transitions
 
@@ -122,12 +122,19 @@ def _body(operation_id: str) -> dict[str, Any]:
     of it (webapp/openapi.py): every JSON body of the API is read here.
 
     No body is an empty object (then a required field is missing). Raises
-    UnsupportedMediaType (415) for a body that is not ``application/json``, BadRequest (400)
+    RequestEntityTooLarge (413) for a chunked body that reaches MAX_CONTENT_LENGTH (one with
+    a Content-Length over it is refused before), UnsupportedMediaType (415) for a body that
+    is not ``application/json``, BadRequest (400)
     for one that cannot be read as JSON (``_parse_json``), and InvalidInput (422) naming the
     first field the document refuses: unknown, missing, of another type (a number in
     quotes, 0/1 for a boolean, 5.5 for an integer), out of range.
     """
     data = request.get_data(cache=True)
+    limit = current_app.config.get("MAX_CONTENT_LENGTH")
+    if limit and request.content_length is None and len(data) >= limit:
+        # a chunked body (no Content-Length) is read only up to the limit: what reaches it is
+        # cut, not whole, so it is refused as too large rather than parsed as cut JSON
+        raise RequestEntityTooLarge()
     if not data:
         value: Any = {}
     elif not request.is_json:

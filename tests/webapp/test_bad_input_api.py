@@ -378,3 +378,19 @@ def test_a_long_url_below_gunicorns_limit_reaches_the_application(web):
     code, headers, body = _raw(web, b"GET /api/v1/jobs/" + b"1" * 4000 + b" HTTP/1.1\r\nHost: x\r\n"
                                     b"Connection: close\r\n\r\n")
     assert code == 401 and headers["Content-Type"] == "application/json", body[:200]
+
+
+@pytest.mark.parametrize("size, status", [(2 * 1024 * 1024, 413), (1000, 201)])
+def test_a_chunked_body_over_the_limit_is_too_large_not_cut(web, stage, size, status):
+    """Without a Content-Length (Transfer-Encoding: chunked) the body is read up to the limit
+    (1 MiB): one that reaches it is refused as too large (413), never parsed cut (a 400
+    'Unterminated string' that would hide what happened); one below it goes through."""
+    payload = json.dumps({"project": "web", "pool": "linux",
+                          "command": ["echo", "x" * max(0, size - 100)]}).encode()
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(payload[i:i + 65536]), payload[i:i + 65536])
+                      for i in range(0, len(payload), 65536)) + b"0\r\n\r\n"
+    head = (b"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+            b"Authorization: Bearer " + stage["tokens"]["alice"].encode() + b"\r\n\r\n")
+    code, headers, body = _raw(web, head + chunks)
+    assert code == status and headers["Content-Type"] == "application/json", body[:300]

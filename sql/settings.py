@@ -82,6 +82,22 @@ def _job_env_allow(env: dict[str, str]) -> tuple[str, ...]:
     return names
 
 
+def create_private_once(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` (mode 0600) unless it exists: written aside, then linked
+    into place, so that the write is atomic and, of processes starting at once, the first to
+    link wins and every one then reads that file, never a half-written or a different one."""
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     """Process settings; every duration is in seconds.
@@ -188,14 +204,5 @@ class Settings:
             # write aside, then link into place: atomic, and the first process to link wins,
             # so concurrent starters never read a half-written or a different key
             self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = self.data_dir / f".secret_key.{os.getpid()}.{secrets.token_hex(4)}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(48))
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                pass
-            finally:
-                os.unlink(tmp)
+            create_private_once(path, secrets.token_urlsafe(48))
         return path.read_text().strip()

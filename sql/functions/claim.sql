@@ -111,28 +111,23 @@ $$;
 -- demo); it may take every pool, and act for any runner (with that runner's grants).
 
 -- Whether p_login is unbound (a superuser or a member of pgdispatch_owner). False for a
--- role that does not exist. to_regrole: pgdispatch_owner is created by sql/roles.sql and
--- may be missing on a database set up without it.
+-- role that does not exist. The group roles exist wherever the schema does: `db upgrade`
+-- creates them or refuses to run (sql/migrate.py).
 CREATE OR REPLACE FUNCTION pgd_login_is_unbound(p_login text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
-    SELECT coalesce((SELECT r.rolsuper
-                            OR (to_regrole('pgdispatch_owner') IS NOT NULL
-                                AND pg_has_role(r.oid, to_regrole('pgdispatch_owner'), 'MEMBER'))
+    SELECT coalesce((SELECT r.rolsuper OR pg_has_role(r.oid, 'pgdispatch_owner', 'MEMBER')
                        FROM pg_roles r WHERE r.rolname = p_login), false)
 $$;
 
--- Whether p_login may act as a runner host now: it exists, may log in, and, where the
--- pgdispatch_scheduler group exists, is a member of it (or is unbound). Read on every
--- claim, heartbeat and report (one catalog probe), so that a revoked login stops at once
--- although its open sessions live on.
+-- Whether p_login may act as a runner host now: it exists, may log in, and is a member of
+-- pgdispatch_scheduler (or is unbound). Read on every claim, heartbeat and report (one
+-- catalog probe), so that a revoked login stops at once although its open sessions live on.
 CREATE OR REPLACE FUNCTION pgd_login_may_run(p_login text) RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT coalesce((SELECT r.rolcanlogin
                             AND (r.rolsuper
-                                 OR to_regrole('pgdispatch_scheduler') IS NULL
-                                 OR pg_has_role(r.oid, to_regrole('pgdispatch_scheduler'), 'MEMBER')
-                                 OR (to_regrole('pgdispatch_owner') IS NOT NULL
-                                     AND pg_has_role(r.oid, to_regrole('pgdispatch_owner'), 'MEMBER')))
+                                 OR pg_has_role(r.oid, 'pgdispatch_scheduler', 'MEMBER')
+                                 OR pg_has_role(r.oid, 'pgdispatch_owner', 'MEMBER'))
                        FROM pg_roles r WHERE r.rolname = p_login), false)
 $$;
 

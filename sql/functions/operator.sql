@@ -95,16 +95,14 @@ $$;
 -- decided acts: a database login acting as itself (p_actor = session_user) has the role of
 -- its group (pgdispatch_admin, pgdispatch_operator; a superuser or a member of
 -- pgdispatch_owner counts as admin); a console user named by the web login has the role of
--- its enabled users row. to_regrole: the groups come from sql/roles.sql.
+-- its enabled users row.
 CREATE OR REPLACE FUNCTION pgd_actor_role(p_actor text) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN p_actor = session_user THEN
             CASE WHEN pgd_login_is_unbound(p_actor) THEN 'admin'
-                 WHEN to_regrole('pgdispatch_admin') IS NOT NULL
-                      AND pg_has_role(session_user, 'pgdispatch_admin', 'MEMBER') THEN 'admin'
-                 WHEN to_regrole('pgdispatch_operator') IS NOT NULL
-                      AND pg_has_role(session_user, 'pgdispatch_operator', 'MEMBER') THEN 'operator'
+                 WHEN pg_has_role(session_user, 'pgdispatch_admin', 'MEMBER') THEN 'admin'
+                 WHEN pg_has_role(session_user, 'pgdispatch_operator', 'MEMBER') THEN 'operator'
             END
         ELSE (SELECT u.role FROM users u WHERE u.username = p_actor AND u.disabled_at IS NULL)
     END

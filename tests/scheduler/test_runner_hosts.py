@@ -11,8 +11,6 @@ import sys
 
 import pytest
 
-from pgdispatch.sql import db
-
 from ..concurrency import processes
 from ..factories import World
 from ..logins import Logins
@@ -23,10 +21,7 @@ GROUP = "pgdispatch_scheduler"
 
 @pytest.fixture
 def logins(db_url):
-    with db.connect(db_url) as conn:
-        conn.execute(f"DO $$ BEGIN IF to_regrole('{GROUP}') IS NULL THEN CREATE ROLE {GROUP} NOLOGIN; "
-                     f"END IF; END $$")
-    made = Logins(db_url)
+    made = Logins(db_url)  # in the group roles db upgrade made (sql/roles.sql)
     yield made
     made.drop()
 

@@ -110,10 +110,6 @@ def test_a_database_login_approves_with_its_groups_role(conn, db_url):
     """A person's own login acting as itself (the actor is session_user): its group decides."""
     w = World(conn)
     protected(w)
-    with db.connect(db_url) as c:
-        for group in ("pgdispatch_operator", "pgdispatch_admin"):
-            c.execute(f"DO $$ BEGIN IF to_regrole('{group}') IS NULL THEN CREATE ROLE {group} NOLOGIN; "
-                      f"END IF; END $$")
     logins = Logins(db_url)
     try:
         op, op_url = logins.make("dana", groups=("pgdispatch_operator",))

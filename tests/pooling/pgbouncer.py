@@ -61,12 +61,15 @@ class PgBouncer:
         nowhere: route to a loopback port where nothing listens instead (the server's user
             still logs in, and PgBouncer runs as for that server).
         connect_timeout: seconds, added to every URL ``url`` gives, when set.
+        logins: {login: password}: route each client as itself (its own server login and
+            pool) instead of as the server's user; those logins' passwords.
         settings: more [pgbouncer] lines, or other values for the defaults below (seconds
             for the timeouts), e.g. ``query_wait_timeout=1``, ``max_client_conn=2``.
     """
 
     def __init__(self, server_url: str, *, pool_size: int, nowhere: bool = False,
-                 connect_timeout: float | None = None, **settings: object):
+                 connect_timeout: float | None = None, logins: dict[str, str] | None = None,
+                 **settings: object):
         assert os.path.exists(PGBOUNCER), \
             "pgbouncer is needed: apt-get install pgbouncer (.ci/run does)"
         server = psycopg.conninfo.conninfo_to_dict(server_url)
@@ -77,8 +80,13 @@ class PgBouncer:
         else:
             self.route = f"host={host} port={server.get('port') or 5432} user={self.user}"
             password = server.get("password") or _password_from(server.get("passfile"))
-            if password:
+            if password and not logins:
                 self.route += f" password={password}"
+        if logins:
+            # each client logs in to the server as itself (a pool per login, as a deployment
+            # with one login per process has): no user in the route, the passwords PgBouncer
+            # answers the server's SCRAM challenge with in its auth_file
+            self.route = self.route.replace(f" user={self.user}", "")
         self.aliases: dict[str, str] = {}
         # not under pytest's tmp_path: its parent is root's alone, and PgBouncer runs as another user
         self.folder = Path(tempfile.mkdtemp(prefix="pgd-test-pgbouncer-"))
@@ -97,7 +105,8 @@ class PgBouncer:
             **settings}
         self.ini = self.folder / "pgbouncer.ini"
         self._write_config()
-        (self.folder / "users.txt").write_text(f'"{self.user}" ""\n')
+        (self.folder / "users.txt").write_text(f'"{self.user}" ""\n' + "".join(
+            f'"{name}" "{secret}"\n' for name, secret in (logins or {}).items()))
         argv = [PGBOUNCER, str(self.ini)]
         if os.geteuid() == 0:
             # PgBouncer will not run as root; it runs as the owner of the server's socket folder

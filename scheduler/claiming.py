@@ -1,17 +1,33 @@
 """The claim job: fill this scheduler's free slots with claimed jobs.
 
-Runs every ``claim_interval_seconds`` and, through ``wake()``, at once whenever a slot frees,
-so throughput is not bounded by the interval. Each claim is one short transaction with fresh
-claim tokens; every claimed job goes to the executor.
+APScheduler calls ``poll`` every ``claim_interval_seconds``; the scheduler also runs it at
+once on a wake-up (a NOTIFY for this runner or its pools, a slot freed while work is known
+to be waiting), so throughput is not bounded by the interval. Each claim is one short
+transaction with fresh claim tokens; every claimed job goes to the executor.
+
+Idle backoff. While claim rounds find nothing, ``poll`` skips ticks: after n empty rounds in
+a row it waits a jittered whole number of ticks, between half and all of
+min(claim_idle_cap_seconds, claim_interval_seconds * 2**n), so an idle scheduler's poll
+interval doubles up to the cap (and a fleet started together spreads out). A skipped tick
+costs no transaction. Any wake-up (``note_wakeup``) and any round that found work return it
+to polling every tick at once. No ready job waits longer than the cap for a poll, whatever
+made it claimable (docs/operations.md, "Idle schedulers and wake-ups", says what else
+bounds each kind of wait). A round that made no claim because every slot is taken leaves
+the backoff as it was.
 
 A round opens with one ordinary claim (sql.transitions.claim): the next job under the
 fairness policy, build or deployment, exactly as a scheduler without batching would take it.
-Nothing eligible ends the round, so an idle scheduler still polls with one transaction. When
-that claim found work and two or more slots are still free, ``claim_batch`` fills them: up to
-``max_batch`` builds of one (project, pool) in one transaction, repeated while it keeps coming
-back full; a batch that comes back short hands the next pick to an ordinary claim again
-(another project, or a deployment, may be next in line). Deployments are only ever claimed
-one at a time, by ``claim``: they take a target, and pgd_claim_batch leaves them alone.
+Nothing eligible ends the round, so an idle scheduler polls with one transaction. Each
+answer says whether more work looked waiting for this runner (``Claim.more_waiting``,
+pgd_more_waiting); when it does not, the round ends there, so a lone job costs one claim
+transaction. When more is waiting and two or more slots are still free, ``claim_batch``
+fills them: up to ``max_batch`` builds of one (project, pool) in one transaction, repeated
+while it keeps coming back full with more waiting; a batch that comes back short hands the
+next pick to an ordinary claim again (another project, or a deployment, may be next in
+line). Deployments are only ever claimed one at a time, by ``claim``: they take a target,
+and pgd_claim_batch leaves them alone. The last answer is kept (``is_work_waiting``): after
+a completion the scheduler claims again at once only when work is known to be waiting
+(that answer, or a wake-up since); otherwise the next poll finds what came.
 
 A claim whose connection broke may still have committed, or still be running on the server
 and commit later (blocked on a lock, say). The tokens it carried (one for a claim, all of a
@@ -27,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -70,9 +87,71 @@ class Claimer:
         self.max_batch = check_max_batch(max_batch)
         self._lock = threading.Lock()
         self._again = False
+        # idle backoff and the last answer (the module docstring), guarded by _state
+        self._state = threading.Lock()
+        self._interval = settings.claim_interval_seconds
+        self._cap = max(settings.claim_idle_cap_seconds, self._interval)
+        self._idle_rounds = 0     # rounds in a row whose claims found nothing
+        self._ticks_to_skip = 0   # polls to skip before the next round
+        self._wakeups = 0         # note_wakeup calls so far
+        self._work_waiting = True  # unknown at start: look
+        self.polls_skipped = 0    # ticks that made no transaction (for tests and metrics)
         # the tokens of each claim whose answer was lost, one list per claim (a batch's in
         # the order sent): what one recovery settles (transitions.recover_claims)
         self._pending: list[list[str]] = []
+
+    def poll(self) -> int:
+        """The periodic claim job: ``fill`` unless the idle backoff skips this tick; returns
+        how many jobs were launched.
+
+        Raises:
+            DatabaseUnavailable: as ``fill``.
+        """
+        with self._state:
+            if self._ticks_to_skip > 0:
+                self._ticks_to_skip -= 1
+                self.polls_skipped += 1
+                return 0
+        return self.fill()
+
+    def note_wakeup(self) -> None:
+        """Work is known to be waiting (a NOTIFY, or a slot freed while work was waiting):
+        back to polling every tick, and the next poll claims. The caller then runs ``poll``."""
+        with self._state:
+            self._wakeups += 1
+            self._idle_rounds = 0
+            self._ticks_to_skip = 0
+            self._work_waiting = True
+
+    def is_work_waiting(self) -> bool:
+        """Whether work is known to be waiting for this runner: the last claim's answer said
+        so (or it ended with every slot full before an answer said otherwise), or a wake-up
+        came since. A completion then claims at once; otherwise it waits for the poll."""
+        with self._state:
+            return self._work_waiting
+
+    def idle_seconds(self) -> float:
+        """The poll interval the backoff would pick after the current run of empty rounds:
+        the upper end of the jitter, min(cap, interval * 2**rounds) seconds."""
+        with self._state:
+            return min(self._cap, self._interval * 2 ** self._idle_rounds)
+
+    def _after_round(self, *, asked: bool, found: bool, more: bool, wakeups: int) -> None:
+        """Book-keeping at the end of a round: the backoff and the last answer."""
+        with self._state:
+            if self._wakeups != wakeups:
+                return  # a wake-up came during the round: it decides (fast, work waiting)
+            if found:
+                self._idle_rounds = 0
+                self._ticks_to_skip = 0
+            elif asked:
+                self._idle_rounds = min(self._idle_rounds + 1, 64)
+                step = min(self._cap, self._interval * 2 ** self._idle_rounds)
+                most = max(1, int(step / self._interval + 1e-9))  # whole ticks, never past the cap
+                # polls skipped before the next: the wait is ticks * interval <= step <= cap
+                self._ticks_to_skip = random.randint(max(1, (most + 1) // 2), most) - 1
+            if asked:
+                self._work_waiting = more
 
     def fill(self) -> int:
         """Claim until the slots are full, nothing is eligible, or draining; returns how many
@@ -98,6 +177,8 @@ class Claimer:
         return launched
 
     def _fill_once(self) -> int:
+        with self._state:
+            wakeups = self._wakeups
         launched = self._recover_pending()
         # Batches per round are bounded (twice what filling the slots free now would take),
         # so a round that keeps finding fresh slots (jobs that end at once) still ends.
@@ -105,12 +186,16 @@ class Claimer:
         if self.max_batch > 1:
             batches_left = 2 * math.ceil(max(self.free_slots(), 1) / self.max_batch)
         may_batch = batches_left > 0
-        while not self.is_draining() and self.free_slots() > 0:
+        asked, more = False, True
+        while more and not self.is_draining() and self.free_slots() > 0:
+            asked = True
             claims = self._claim([transitions.new_claim_token()])
             if not claims:
+                more = False
                 break  # nothing eligible at all
             launched += len(claims)
-            while may_batch and batches_left > 0 and not self.is_draining():
+            more = claims[-1].more_waiting  # false: the round ends here (a lone job)
+            while more and may_batch and batches_left > 0 and not self.is_draining():
                 want = min(self.free_slots(), self.max_batch)
                 if want < 2:
                     break
@@ -119,8 +204,11 @@ class Claimer:
                 launched += len(claims)
                 if not claims:
                     may_batch = False  # no build is claimable: what is left needs a claim
+                    break  # (more stays true: the ordinary claim looks for it)
+                more = claims[-1].more_waiting
                 if len(claims) < want:
                     break  # that (project, pool) ran dry or hit a limit: the fair pick again
+        self._after_round(asked=asked, found=launched > 0, more=more, wakeups=wakeups)
         return launched
 
     def _claim(self, tokens: list[str]) -> list[Claim]:

@@ -160,7 +160,7 @@ class Scheduler:
         # outage never makes APScheduler skip-and-warn. A claim wake-up while a fill runs
         # makes that fill go round again instead of being dropped.
         jobs = [
-            (CLAIM_JOB, Periodic("claim", self._claimer.fill, is_exclusive=False),
+            (CLAIM_JOB, Periodic("claim", self._claimer.poll, is_exclusive=False),
              s.claim_interval_seconds, now),
             ("expire", Periodic("expire", lambda: expiry.expire_lapsed_leases(self._db, s)),
              s.expire_interval_seconds, now),
@@ -180,7 +180,8 @@ class Scheduler:
                 target=listen_for_work, name="wakeup-listener", daemon=True,
                 args=(self.listen_url or self.database_url, self.pool_ids, self.wake_claimer,
                       self._listener_stop),
-                kwargs={"is_session_route": self.listen_url is not None})
+                kwargs={"is_session_route": self.listen_url is not None,
+                        "runner_id": self.runner_id})
             self._listener.start()
         log.info("scheduler %s (runner %d) serving %s with %d slots; lease %g s, heartbeat %g s, "
                  "batches of up to %d", self.name, self.runner_id, ", ".join(self.pools),
@@ -289,9 +290,12 @@ class Scheduler:
             return self.slots - len(self._active)
 
     def wake_claimer(self) -> None:
-        """Run the claim job now instead of at its next interval (a slot just freed)."""
+        """Run the claim job now instead of at its next interval: work is known to be
+        waiting (a wake-up heard, or a slot freed while work was waiting)."""
         if self._is_draining or self._aps is None:
             return
+        if self._claimer is not None:
+            self._claimer.note_wakeup()  # back to fast polling (scheduler/claiming.py)
         try:
             self._aps.modify_job(CLAIM_JOB, next_run_time=dt.datetime.now(dt.timezone.utc))
         except JobLookupError:
@@ -319,7 +323,9 @@ class Scheduler:
         with self._changed:
             self._active.pop(result.claim.attempt_id, None)
             self._changed.notify_all()
-        self.wake_claimer()
+        # a freed slot claims at once only when work is known to be waiting; else the poll
+        if self._claimer is not None and self._claimer.is_work_waiting():
+            self.wake_claimer()
         if self.on_completed is not None:
             self.on_completed(result)
 

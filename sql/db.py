@@ -7,6 +7,7 @@ import contextlib
 import functools
 import logging
 import random
+import select
 import time
 from collections.abc import Iterator
 from typing import Any, Callable, TypeVar
@@ -207,6 +208,13 @@ def tcp_liveness(url: str) -> dict[str, str]:
     return {k: v for k, v in TCP_LIVENESS.items() if k not in given}
 
 
+# A pooled connection that has been idle this long is checked with a round trip on checkout
+# (seconds, direct routes only). One used more recently is handed out after the free check
+# alone (``_has_pending_input``): a server that restarted or ended the session has sent its
+# termination notice and closed the socket by then, which the free check sees.
+CHECK_IDLE_SECONDS = 10.0
+
+
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pgdispatch",
               timeout_seconds: float = 10.0,
               statement_deadline_seconds: float | None = STATEMENT_DEADLINE_SECONDS,
@@ -216,12 +224,22 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pg
     connection waits for, the check's included, is bounded by ``statement_deadline_seconds``
     (``Connection``); the check's by the checkout timeout too (at least
     CHECK_DEADLINE_SECONDS). ``prepare_threshold``: psycopg's (None: never prepare on the
-    server; Settings)."""
+    server; Settings).
+
+    The check (``_check_on_checkout``): free for every connection, a look at its socket
+    (input waiting on an idle connection is the peer's goodbye, or end of file); then, on a
+    direct route only, an empty query for a connection idle more than CHECK_IDLE_SECONDS.
+    Behind a pooler (recognised at connect, as sql/scheduling.py ``_is_pooled`` does) the
+    empty query is never sent: it would test only the link to the pooler and cost the
+    server a transaction each time (issue 18); a connection that breaks there meets its
+    caller as DatabaseUnavailable, which every caller retries."""
 
     def configure(conn: Connection) -> None:
         conn.statement_deadline_seconds = statement_deadline_seconds
         timestamps.register(conn.adapters)
         bound_idle_transactions(conn)
+        conn.is_pooled_route = _reports_other_pid(conn)
+        conn.released_at = time.monotonic()
 
     # The check on checkout is an empty query: a healthy server answers it at once, so it
     # waits no longer than the checkout itself may (at least CHECK_DEADLINE_SECONDS); a
@@ -229,15 +247,52 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pg
     check_within = max(timeout_seconds, CHECK_DEADLINE_SECONDS)
 
     def check(conn: Connection) -> None:
+        if not _needs_round_trip(conn):
+            return
         with statement_deadline(conn, check_within):
             ConnectionPool.check_connection(conn)
 
+    def reset(conn: Connection) -> None:
+        conn.released_at = time.monotonic()
+
     return ConnectionPool(
         url, min_size=min_size, max_size=max_size, name=name, open=True,
-        connection_class=Connection, timeout=timeout_seconds, check=check,
+        connection_class=Connection, timeout=timeout_seconds, check=check, reset=reset,
         kwargs=dict(autocommit=True, row_factory=dict_row, application_name=name,
                     prepare_threshold=prepare_threshold, **tcp_liveness(url)),
         configure=configure, reconnect_timeout=300)
+
+
+def _reports_other_pid(conn: psycopg.Connection) -> bool:
+    """Whether the server session's pg_backend_pid() differs from the process id the
+    connection was given at start-up (BackendKeyData): a pooler answers the start-up itself
+    (sql/scheduling.py ``_is_pooled`` says why).
+
+    Raises:
+        psycopg.Error: the connection broke.
+    """
+    row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
+    pid = row["pid"] if isinstance(row, dict) else row[0]
+    return pid != conn.info.backend_pid
+
+
+def _has_pending_input(conn: psycopg.Connection) -> bool:
+    """Whether an idle connection's socket has input waiting (a termination notice, end of
+    file, an error), without reading it: a zero-timeout select, no round trip."""
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True  # no usable socket: let the round trip fail and the pool replace it
+    return bool(readable)
+
+
+def _needs_round_trip(conn: psycopg.Connection) -> bool:
+    """Whether the checkout check sends its empty query (``make_pool``)."""
+    if _has_pending_input(conn):
+        return True
+    if getattr(conn, "is_pooled_route", False):
+        return False
+    return time.monotonic() - getattr(conn, "released_at", 0.0) > CHECK_IDLE_SECONDS
 
 
 def acquire(pool: ConnectionPool, *, timeout_seconds: float | None = None) -> psycopg.Connection:

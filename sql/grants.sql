@@ -23,6 +23,8 @@ GRANT EXECUTE ON FUNCTION pgd_register_runner, pgd_beat_runner, pgd_stop_runner,
                           pgd_heartbeat, pgd_complete, pgd_complete_batch, pgd_expire_one,
                           pgd_summarize_queue
     TO pgdispatch_scheduler;
+-- the wake-up listener's registration (sql/functions/wakeups.sql)
+GRANT EXECUTE ON FUNCTION pgd_listen_runner TO pgdispatch_scheduler;
 
 -- Reader (dashboards, metrics; and the base of a person's CLI login): what the console
 -- shows, never a secret: users without password_hash, api_tokens without token_hash.

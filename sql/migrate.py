@@ -43,7 +43,7 @@ SCHEMA_FILE = SQL_DIR / "schema.sql"
 # Load order: a LANGUAGE sql function is checked against what exists when it is created, so
 # a file comes after every file whose functions its SQL functions call (plpgsql bodies are
 # resolved when they run, and triggers follow their functions within each file).
-FUNCTION_FILES = ("audit.sql", "capacity.sql", "claim.sql", "complete.sql", "expire.sql",
+FUNCTION_FILES = ("audit.sql", "capacity.sql", "claim.sql", "wakeups.sql", "complete.sql", "expire.sql",
                   "submit.sql", "operator.sql", "limits.sql", "runners.sql", "summaries.sql",
                   "accounts.sql")
 # The migration ids of development versions before 0.1.0, squashed into 0001_baseline: a

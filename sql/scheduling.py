@@ -18,14 +18,22 @@ import psycopg.conninfo
 from psycopg_pool import ConnectionPool
 
 from .db import connect, make_pool, transition
-from .errors import DatabaseUnavailable, InvalidInput, NotFound
+from .errors import DatabaseUnavailable, Forbidden, InvalidInput, NotFound
 from .queries import Q
 
 log = logging.getLogger(__name__)
 
-__all__ = ["WAKEUP_CHANNEL", "listen_for_work", "make_scheduler_pool", "runner_pool_ids"]
+__all__ = ["WAKEUP_CHANNEL", "listen_for_work", "make_scheduler_pool", "runner_channel",
+           "runner_pool_ids"]
 
-WAKEUP_CHANNEL = "pgdispatch_queued"  # migrations/0006_wakeups.sql; payload: the pool id
+# The pools' broadcast (sql/functions/submit.sql, pgd_notify_queued); payload: the pool id.
+WAKEUP_CHANNEL = "pgdispatch_queued"
+
+
+def runner_channel(runner_id: int) -> str:
+    """The channel one runner's listener hears the wake-ups chosen for it on
+    (pgd_runner_channel, sql/functions/wakeups.sql); payload: the pool id."""
+    return f"pgdispatch_runner_{int(runner_id)}"
 
 
 def make_scheduler_pool(url: str, *, slots: int, timeout_seconds: float = 2.0,
@@ -62,11 +70,17 @@ def runner_pool_ids(conn, *, runner_id: int) -> list[int]:
 
 def listen_for_work(url: str, pool_ids: list[int], on_work: Callable[[], None],
                     stop: threading.Event, *, poll_seconds: float = 1.0,
-                    max_backoff_seconds: float = 30.0, is_session_route: bool = False) -> bool:
+                    max_backoff_seconds: float = 30.0, is_session_route: bool = False,
+                    runner_id: int | None = None) -> bool:
     """Until ``stop`` is set: LISTEN on WAKEUP_CHANNEL over a connection of its own and call
     ``on_work()`` whenever a job of one of ``pool_ids`` became claimable (NOTIFY from
     sql/functions/submit.sql), and once after every (re)connection, since notifications
-    sent while not listening are lost (PostgreSQL docs, LISTEN). Checks ``stop`` every
+    sent while not listening are lost (PostgreSQL docs, LISTEN). With ``runner_id`` it also
+    listens on that runner's own channel (``runner_channel``) and then registers this
+    session as the runner's listener (pgd_listen_runner, sql/functions/wakeups.sql), so that
+    a claimable job wakes this one scheduler, chosen, instead of every listener; a
+    registration refused (an old schema, a revoked login) is logged and the pools' broadcast
+    still heard. Checks ``stop`` every
     ``poll_seconds``. A broken connection is reopened after a backoff doubling from 0.5 s to
     ``max_backoff_seconds``. ``on_work``'s exceptions are logged.
 
@@ -98,6 +112,10 @@ def listen_for_work(url: str, pool_ids: list[int], on_work: Callable[[], None],
                         "session), or --no-listen")
                     return False
                 conn.execute(f"LISTEN {WAKEUP_CHANNEL}")
+                if runner_id is not None:
+                    # LISTEN first: a wake-up chosen for us once registered is never missed
+                    conn.execute(f"LISTEN {runner_channel(runner_id)}")
+                    _register_listener(conn, runner_id)
                 # said once per connection: a listener that never gets here (a session pool
                 # too small holds it in the pooler's queue) is otherwise silent
                 log.info("wake-up listener: listening on %s", WAKEUP_CHANNEL)
@@ -105,7 +123,7 @@ def listen_for_work(url: str, pool_ids: list[int], on_work: Callable[[], None],
                 _call(on_work)
                 while not stop.is_set():
                     for note in conn.notifies(timeout=poll_seconds):
-                        if note.payload in wanted:
+                        if note.channel != WAKEUP_CHANNEL or note.payload in wanted:
                             _call(on_work)
                         if stop.is_set():
                             break
@@ -116,6 +134,28 @@ def listen_for_work(url: str, pool_ids: list[int], on_work: Callable[[], None],
             stop.wait(delay)
             delay = min(max_backoff_seconds, delay * 2)
     return True
+
+
+@transition("listen_runner", one_statement=True)
+def listen_runner(conn, *, runner_id: int) -> str:
+    """Register ``conn``'s server session (pg_backend_pid()) as runner ``runner_id``'s wake-up
+    listener; call it on the listening session, after LISTEN on ``runner_channel``. Returns
+    the channel.
+
+    Raises:
+        NotFound: unknown runner. Forbidden: another login's runner.
+    """
+    return Q.listen_runner(conn, runner_id=runner_id)
+
+
+def _register_listener(conn, runner_id: int) -> None:
+    """Record ``conn``'s server session as runner ``runner_id``'s listener; a refusal is
+    logged (the broadcast is still heard), a broken connection raises psycopg.Error."""
+    try:
+        listen_runner(conn, runner_id=runner_id)
+    except (NotFound, Forbidden, InvalidInput) as exc:
+        log.warning("wake-up listener: not registered for runner %d (%s); hearing the pools' "
+                    "broadcast only", runner_id, exc)
 
 
 def check_listen_url(url: str) -> str:

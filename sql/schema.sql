@@ -62,7 +62,12 @@ CREATE TABLE runners (
     -- the database login that registered it: only that login may claim, heartbeat and
     -- report as this runner, and only from the pools runner_grants gives it
     -- (sql/functions/claim.sql, "Runner grants")
-    login             text NOT NULL DEFAULT session_user
+    login             text NOT NULL DEFAULT session_user,
+    -- the server process id of this runner's wake-up listener session, set by that session
+    -- right after its LISTEN (pgd_listen_runner), and when a wake-up last chose this runner
+    -- (sql/functions/wakeups.sql)
+    listen_pid        integer,
+    woken_at          timestamptz
 );
 CREATE INDEX runners_live_idx ON runners (last_heartbeat_at) WHERE stopped_at IS NULL;
 CREATE INDEX runners_login_idx ON runners (login) WHERE stopped_at IS NULL;

@@ -108,6 +108,8 @@ class Settings:
         lease_seconds: lease granted by a claim or a heartbeat.
         heartbeat_seconds: how often a running job's lease is extended (default lease / 3).
         claim_interval_seconds: how often an idle scheduler looks for work.
+        claim_idle_cap_seconds: while claims find nothing, the poll interval doubles from
+            claim_interval_seconds up to this (scheduler/claiming.py; at least the interval).
         expire_interval_seconds: how often a scheduler runs the expiry pass.
         summary_interval_seconds: how often a scheduler refreshes the queue summary.
         backoff_base_seconds / backoff_cap_seconds: retry backoff (see pgd_backoff_seconds).
@@ -132,6 +134,7 @@ class Settings:
     lease_seconds: float = 30.0
     heartbeat_seconds: float = 10.0
     claim_interval_seconds: float = 1.0
+    claim_idle_cap_seconds: float = 15.0
     expire_interval_seconds: float = 5.0
     summary_interval_seconds: float = 5.0
     backoff_base_seconds: float = 2.0
@@ -150,7 +153,7 @@ class Settings:
         Raises:
             InvalidInput: a variable is present but not a number of seconds within its bound
                 (MAX_LEASE_SECONDS, MAX_INTERVAL_SECONDS, MAX_BACKOFF_SECONDS), the backoff
-                base is above its cap, or the heartbeat is not shorter than the lease;
+                base is above its cap, the claim idle cap is below the claim interval, or the heartbeat is not shorter than the lease;
                 PGDISPATCH_PREPARE_THRESHOLD is neither ``off`` nor a whole number;
                 PGDISPATCH_JOB_ENV_ALLOW names a credential (see ``_job_env_allow``).
         """
@@ -160,12 +163,16 @@ class Settings:
                           minimum=minimum)
 
         lease = seconds("LEASE", 30.0, MAX_LEASE_SECONDS)
+        claim_interval = seconds("CLAIM_INTERVAL", 1.0, MAX_INTERVAL_SECONDS)
         values = dict(
             database_url=env.get("DATABASE_URL") or None,
             data_dir=Path(env.get("PGDISPATCH_DATA_DIR") or ".pgdispatch"),
             lease_seconds=lease,
             heartbeat_seconds=seconds("HEARTBEAT", lease / 3, MAX_LEASE_SECONDS),
-            claim_interval_seconds=seconds("CLAIM_INTERVAL", 1.0, MAX_INTERVAL_SECONDS),
+            claim_interval_seconds=claim_interval,
+            # unset, the cap is never below the interval (an interval of 30 s polls every 30 s)
+            claim_idle_cap_seconds=seconds("CLAIM_IDLE_CAP", max(15.0, claim_interval),
+                                           MAX_INTERVAL_SECONDS),
             expire_interval_seconds=seconds("EXPIRE_INTERVAL", 5.0, MAX_INTERVAL_SECONDS),
             summary_interval_seconds=seconds("SUMMARY_INTERVAL", 5.0, MAX_INTERVAL_SECONDS),
             backoff_base_seconds=seconds("BACKOFF_BASE", 2.0, MAX_BACKOFF_SECONDS),
@@ -185,6 +192,11 @@ class Settings:
             raise InvalidInput(
                 f"PGDISPATCH_BACKOFF_BASE_SECONDS ({settings.backoff_base_seconds:g}) must not be "
                 f"more than PGDISPATCH_BACKOFF_CAP_SECONDS ({settings.backoff_cap_seconds:g})")
+        if settings.claim_idle_cap_seconds < settings.claim_interval_seconds:
+            raise InvalidInput(
+                f"PGDISPATCH_CLAIM_IDLE_CAP_SECONDS ({settings.claim_idle_cap_seconds:g}) must not "
+                f"be less than PGDISPATCH_CLAIM_INTERVAL_SECONDS "
+                f"({settings.claim_interval_seconds:g})")
         if settings.heartbeat_seconds >= settings.lease_seconds:
             raise InvalidInput(
                 f"heartbeat ({settings.heartbeat_seconds:g} s) must be shorter than the lease "

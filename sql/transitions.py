@@ -45,6 +45,9 @@ class Claim:
     command: list[str]
     timeout_seconds: int
     claim_token: str
+    # whether the claim that took it saw more work waiting for this runner (pgd_more_waiting:
+    # a hint; False for a recovered claim), not part of what the claim is
+    more_waiting: bool = dataclasses.field(default=False, compare=False)
 
     @property
     def is_deployment(self) -> bool:
@@ -84,7 +87,7 @@ def _claim_from(row: dict[str, Any], claim_token: str) -> Claim:
                  generation=row["generation"], lease_expires_at=row["lease_expires_at"],
                  project_id=row["project_id"], pool_id=row["pool_id"], target_id=row["target_id"],
                  command=list(row["command"]), timeout_seconds=row["timeout_seconds"],
-                 claim_token=str(claim_token))
+                 claim_token=str(claim_token), more_waiting=bool(row.get("more_waiting")))
 
 
 @transition("claim", one_statement=True)
@@ -96,7 +99,8 @@ def claim(conn, *, runner_id: int, pools: Sequence[int], claim_token: str,
     deployment's free target, the project claim lock, then a slot of the organization and
     one of the pool from capacity stripes with room (SKIP LOCKED); the generation bumped and
     the attempt inserted with a lease of ``lease_seconds`` (seconds, from the database's
-    clock). Returns None when nothing is eligible.
+    clock). Returns None when nothing is eligible; the claim's ``more_waiting`` says whether
+    more work looked waiting for this runner (a hint: pgd_more_waiting).
 
     Raises:
         NotFound: unknown runner. InvalidInput: bad lease. Conflict: claim token reused, or
@@ -114,7 +118,8 @@ def claim_batch(conn, *, runner_id: int, pools: Sequence[int], claim_tokens: Seq
                 lease_seconds: float) -> list[Claim]:
     """Claim up to ``len(claim_tokens)`` build jobs of one (project, pool) in one transaction
     (pgd_claim_batch, sql/functions/claim.sql): same fairness, lock order and capacity
-    checks as ``claim``; deployments are left to ``claim``. Returns the claims (maybe none).
+    checks as ``claim``; deployments are left to ``claim``. Returns the claims (maybe none),
+    each with the batch's ``more_waiting``.
 
     Raises:
         InvalidInput: 0 or more than 1000 tokens, bad lease. NotFound: unknown runner.

@@ -317,6 +317,28 @@ LANGUAGE sql STABLE AS $$
                              AND p.id < p_project.id)))))
 $$;
 
+-- A claim's answer to "is more work waiting for this runner?" (the more_waiting column of
+-- pgd_claim and pgd_claim_batch), from what the claim already read: p_later_candidates
+-- (candidates followed the one taken in pgd_claim_candidates' list), else one more queued,
+-- ready job of the project and pool just claimed from (a probe of jobs_claim_idx; a
+-- deployment only while its target is free), other than p_taken. A hint, never a promise:
+-- true may meet a job another claimer takes first (one empty claim), and false is corrected
+-- by the next poll or wake-up (scheduler/claiming.py).
+CREATE OR REPLACE FUNCTION pgd_more_waiting(p_later_candidates boolean, p_project_id bigint,
+                                            p_pool_id bigint, p_taken bigint[] DEFAULT '{}')
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT p_later_candidates
+        OR EXISTS (SELECT 1 FROM jobs j
+                    WHERE j.project_id = p_project_id AND j.pool_id = p_pool_id
+                      AND j.state = 'queued' AND j.ready_at <= now()
+                      AND j.id <> ALL (p_taken)
+                      AND (j.target_id IS NULL
+                           OR EXISTS (SELECT 1 FROM targets t
+                                       WHERE t.id = j.target_id AND t.state = 'free'))
+                    LIMIT 1 OFFSET 0)
+$$;
+
 -- claim: take the next eligible job for runner p_runner_id from p_pool_ids, or nothing.
 -- For each candidate in fairness order, in a subtransaction (so that a lost race undoes
 -- only that candidate's locks, SQLSTATE PDSKP): the job (SKIP LOCKED), a deployment's free
@@ -326,13 +348,15 @@ $$;
 -- fence) is bumped and the attempt inserted with its lease of p_lease_seconds and the
 -- caller's claim token; last, the token is checked against the tombstones under its lock
 -- (so that a caller that lost the answer can settle whether it committed: the header).
+-- more_waiting: whether more work looked waiting for this runner (pgd_more_waiting).
 -- A second pass runs only when the first passed a project over for a reason the second can
 -- settle (a bound met under the shared lock, or a fairer project found).
 CREATE OR REPLACE FUNCTION pgd_claim(p_runner_id bigint, p_pool_ids bigint[], p_claim_token uuid,
                                      p_lease_seconds double precision)
 RETURNS TABLE (job_id bigint, attempt_id bigint, attempt_no integer, generation bigint,
                lease_expires_at timestamptz, project_id bigint, pool_id bigint,
-               target_id bigint, command text[], timeout_seconds integer)
+               target_id bigint, command text[], timeout_seconds integer,
+               more_waiting boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -361,7 +385,11 @@ BEGIN
 
     FOR v_pass IN 1..2 LOOP
         v_retry := false;
-        FOR c IN SELECT * FROM pgd_claim_candidates(v_pools, NULL) LOOP
+        -- numbered, and counted, so that a claim can tell whether candidates follow the one it
+        -- took (more_waiting)
+        -- (window functions over the inlined, ordered list: they keep its order and its plan)
+        FOR c IN SELECT x.*, row_number() OVER () AS k, count(*) OVER () AS n
+                   FROM pgd_claim_candidates(v_pools, NULL) x LOOP
         BEGIN
             -- SKIP LOCKED: a job another claimer is taking is not waited for, just passed.
             SELECT j.* INTO v_job
@@ -454,7 +482,7 @@ BEGIN
 
             RETURN QUERY SELECT v_job.id, v_attempt, v_job.attempts_made, v_job.generation, v_lease,
                                 v_job.project_id, v_job.pool_id, v_job.target_id, v_job.command,
-                                v_job.timeout_seconds;
+                                v_job.timeout_seconds, pgd_more_waiting(c.k < c.n, c.project_id, c.pool_id);
             RETURN;
         EXCEPTION WHEN SQLSTATE 'PDSKP' THEN
             NULL;  -- lost a race for this candidate; its locks went with the subtransaction
@@ -471,12 +499,14 @@ $$;
 -- stripes' room, the project's bound) sizes the jobs locked; under the project's claim lock
 -- up to n slots of the organization, then as many of the pool, are taken from stripes with
 -- room (pgd_take_slots): the batch takes as many jobs as both gave, and each attempt records
--- the stripes of its two slots. Returns one row per job taken, with its claim token.
+-- the stripes of its two slots. Returns one row per job taken, with its claim token, each
+-- with the same more_waiting (pgd_more_waiting).
 CREATE OR REPLACE FUNCTION pgd_claim_batch(p_runner_id bigint, p_pool_ids bigint[], p_claim_tokens uuid[],
                                            p_lease_seconds double precision)
 RETURNS TABLE (job_id bigint, attempt_id bigint, attempt_no integer, generation bigint,
                lease_expires_at timestamptz, project_id bigint, pool_id bigint,
-               target_id bigint, command text[], timeout_seconds integer, claim_token uuid)
+               target_id bigint, command text[], timeout_seconds integer, claim_token uuid,
+               more_waiting boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -497,6 +527,7 @@ DECLARE
     v_n       integer;
     v_claimed timestamptz;
     v_lease   timestamptz;
+    v_more    boolean;
 BEGIN
     IF v_want < 1 OR v_want > 1000 THEN
         RAISE EXCEPTION 'a batch claims 1 to 1000 jobs, got %', v_want USING ERRCODE = 'PD422';
@@ -510,7 +541,11 @@ BEGIN
 
     FOR v_pass IN 1..2 LOOP
         v_retry := false;
-        FOR c IN SELECT * FROM pgd_claim_candidates(v_pools, NULL) LOOP
+        -- numbered, and counted, so that a claim can tell whether candidates follow the one it
+        -- took (more_waiting)
+        -- (window functions over the inlined, ordered list: they keep its order and its plan)
+        FOR c IN SELECT x.*, row_number() OVER () AS k, count(*) OVER () AS n
+                   FROM pgd_claim_candidates(v_pools, NULL) x LOOP
         BEGIN
             -- the free capacity as read without locks sizes the jobs locked below
             SELECT least(CASE WHEN p.max_running IS NULL THEN v_want
@@ -576,6 +611,8 @@ BEGIN
 
             v_claimed := clock_timestamp();
             v_lease := v_claimed + make_interval(secs => p_lease_seconds);
+            -- read before the jobs taken leave 'queued', so those are passed over by id
+            v_more := pgd_more_waiting(c.k < c.n, c.project_id, c.pool_id, v_ids);
             RETURN QUERY
             WITH taken AS (
                 UPDATE jobs j
@@ -596,7 +633,7 @@ BEGIN
                 RETURNING attempts.id, attempts.job_id, attempts.claim_token
             )
             SELECT n.id, i.id, n.attempts_made, n.generation, v_lease, n.project_id, n.pool_id,
-                   n.target_id, n.command, n.timeout_seconds, i.claim_token
+                   n.target_id, n.command, n.timeout_seconds, i.claim_token, v_more
               FROM numbered n JOIN inserted i ON i.job_id = n.id
              ORDER BY n.n;
             -- as in pgd_claim; every token passed, the first one's lock (the header)

@@ -86,6 +86,13 @@ BEGIN
             USING ERRCODE = 'PDALR';
     END IF;
     PERFORM pgd_audit(p_actor, 'resume_project', 'project:' || p_project, p_reason);
+    -- its queued jobs are claimable again without changing state, so no trigger wakes anyone:
+    -- the pools' broadcast does (sql/functions/submit.sql, "Wake-ups"); a resume is rare
+    IF coalesce(current_setting('pgdispatch.notify', true), '') <> 'off' THEN
+        PERFORM pg_notify('pgdispatch_queued', pp.pool_id::text)
+           FROM project_pools pp JOIN projects p ON p.id = pp.project_id
+          WHERE p.name = p_project;
+    END IF;
     RETURN jsonb_build_object('project', p_project, 'paused_at', NULL);
 END;
 $$;

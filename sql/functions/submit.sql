@@ -181,20 +181,33 @@ $$;
 --
 -- A job becomes claimable when it is inserted as queued and ready, or moves into queued with
 -- ready_at already reached: submit, approve, resume... (pgd_release_dependents, hand-back,
--- operator retry). Then the transaction sends NOTIFY pgdispatch_queued with the job's pool id
--- as payload; PostgreSQL delivers it at commit and folds identical notifications of one
--- transaction into one (PostgreSQL docs, NOTIFY), so a bulk submit to one pool sends one.
+-- operator retry). Then the transaction wakes ONE waiter (sql/functions/wakeups.sql,
+-- pgd_choose_waiter): NOTIFY on the chosen runner's own channel with the job's pool id as
+-- payload; when no idle listening runner of the pool is found, NOTIFY pgdispatch_queued, the
+-- pool's broadcast that every listener hears. PostgreSQL delivers at commit and folds
+-- identical notifications of one transaction into one (PostgreSQL docs, NOTIFY). A job of a
+-- paused project wakes nobody (resuming it does: sql/functions/operator.sql).
 -- Claims, completions that succeed, heartbeats and expiry with backoff never match the WHEN
 -- clauses: notifying commits take one cluster-wide lock in commit order, which the hot path
--- must not pay. A retry whose backoff has not elapsed is left to the 1 s poll, which stays.
+-- must not pay. A retry whose backoff has not elapsed is left to the poll, whose idle
+-- backoff is capped (docs/operations.md, "Idle schedulers and wake-ups").
 --
 -- Switch: ALTER DATABASE ... SET pgdispatch.notify = 'off' (or per role / session) stops the
 -- notifications; schedulers then find work by polling alone.
 CREATE OR REPLACE FUNCTION pgd_notify_queued() RETURNS trigger
 LANGUAGE plpgsql AS $$
+DECLARE
+    v_runner bigint;
 BEGIN
-    IF coalesce(current_setting('pgdispatch.notify', true), '') <> 'off' THEN
+    IF coalesce(current_setting('pgdispatch.notify', true), '') = 'off'
+       OR EXISTS (SELECT 1 FROM projects p WHERE p.id = NEW.project_id AND p.paused_at IS NOT NULL) THEN
+        RETURN NULL;
+    END IF;
+    v_runner := pgd_choose_waiter(NEW.pool_id);
+    IF v_runner IS NULL THEN
         PERFORM pg_notify('pgdispatch_queued', NEW.pool_id::text);
+    ELSE
+        PERFORM pg_notify(pgd_runner_channel(v_runner), NEW.pool_id::text);
     END IF;
     RETURN NULL;
 END;

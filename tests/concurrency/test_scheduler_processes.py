@@ -75,7 +75,7 @@ def submit_jobs(conn, n: int) -> int:
 def start_schedulers(db_url: str, tmp_path: Path) -> processes.Procs:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
     env.update(DATABASE_URL=db_url, PGDISPATCH_LEASE_SECONDS="10",
-               PGDISPATCH_HEARTBEAT_SECONDS="2", PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2",
+               PGDISPATCH_HEARTBEAT_SECONDS="2", PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2", PGDISPATCH_CLAIM_IDLE_CAP_SECONDS="1",
                PGDISPATCH_EXPIRE_INTERVAL_SECONDS="0.5", PGDISPATCH_SUMMARY_INTERVAL_SECONDS="2",
                PGDISPATCH_BACKOFF_BASE_SECONDS="0.1", PGDISPATCH_BACKOFF_CAP_SECONDS="0.2",
                PGDISPATCH_DATA_DIR=str(tmp_path / "data"))

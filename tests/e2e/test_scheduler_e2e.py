@@ -54,7 +54,7 @@ class Schedulers:
         under a shell's job control), so that a signal can go to that whole group."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
         env.update(DATABASE_URL=self.db_url, PGDISPATCH_LEASE_SECONDS=str(LEASE_SECONDS),
-                   PGDISPATCH_HEARTBEAT_SECONDS="0.5", PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2",
+                   PGDISPATCH_HEARTBEAT_SECONDS="0.5", PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2", PGDISPATCH_CLAIM_IDLE_CAP_SECONDS="1",
                    PGDISPATCH_EXPIRE_INTERVAL_SECONDS="0.3",
                    PGDISPATCH_SUMMARY_INTERVAL_SECONDS="1",
                    PGDISPATCH_BACKOFF_BASE_SECONDS="0.1", PGDISPATCH_BACKOFF_CAP_SECONDS="0.2",

@@ -18,7 +18,10 @@ from pgdispatch.scheduler.main import Scheduler
 from pgdispatch.sql import Settings
 
 # Short lease and fast intervals, so that every rule shows within a second or two.
+# The idle backoff is capped at 0.8 s (four ticks), so tests that find work by polling (a
+# retry's backoff elapsing) do not wait for the production cap of 15 s.
 FAST = Settings(lease_seconds=3.0, heartbeat_seconds=1.0, claim_interval_seconds=0.2,
+                claim_idle_cap_seconds=0.8,
                 expire_interval_seconds=0.2, summary_interval_seconds=0.3,
                 backoff_base_seconds=0.05, backoff_cap_seconds=0.1)
 

@@ -20,7 +20,8 @@ from pgdispatch.sql.scheduling import make_scheduler_pool
 
 from .conftest import wait_until
 
-SETTINGS = Settings(lease_seconds=3.0, heartbeat_seconds=0.2, claim_interval_seconds=0.2)
+SETTINGS = Settings(lease_seconds=3.0, heartbeat_seconds=0.2, claim_interval_seconds=0.2,
+                    claim_idle_cap_seconds=0.8)
 
 
 def beat_blocked(conn) -> bool:

@@ -95,6 +95,7 @@ def running_scheduler(folder: Path, url: str, *scheduler_args: str, slots: int =
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8",
            "DATABASE_URL": url, "PGPASSWORD": url.split(":")[2].split("@")[0],
            "PGDISPATCH_SECRET_KEY": SECRET_KEY, "PGDISPATCH_CLAIM_INTERVAL_SECONDS": "0.2",
+           "PGDISPATCH_CLAIM_IDLE_CAP_SECONDS": "1",
            "PYTHONPATH": str(ROOT)}
     log = open(folder / "scheduler.log", "wb")
     scheduler = subprocess.Popen([sys.executable, "-m", "pgdispatch", "scheduler", "--pool", "linux",

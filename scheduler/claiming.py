@@ -96,6 +96,8 @@ class Claimer:
         self._wakeups = 0         # note_wakeup calls so far
         self._work_waiting = True  # unknown at start: look
         self.polls_skipped = 0    # ticks that made no transaction (for tests and metrics)
+        self.claims_sent = 0      # pgd_claim calls sent
+        self.batches_sent = 0     # pgd_claim_batch calls sent
         # the tokens of each claim whose answer was lost, one list per claim (a batch's in
         # the order sent): what one recovery settles (transitions.recover_claims)
         self._pending: list[list[str]] = []
@@ -227,11 +229,13 @@ class Claimer:
                 # settles the claim (_recover_pending).
                 self._pending.append(tokens)
                 if len(tokens) == 1:
+                    self.claims_sent += 1
                     claim = transitions.claim(conn, runner_id=self.runner_id,
                                               pools=self.pool_ids, claim_token=tokens[0],
                                               lease_seconds=self.settings.lease_seconds)
                     claims = [] if claim is None else [claim]
                 else:
+                    self.batches_sent += 1
                     claims = transitions.claim_batch(conn, runner_id=self.runner_id,
                                                      pools=self.pool_ids, claim_tokens=tokens,
                                                      lease_seconds=self.settings.lease_seconds)

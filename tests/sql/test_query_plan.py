@@ -229,3 +229,29 @@ def test_the_stripe_probe_check_fails_for_a_plain_exists(db_url, world, loaded):
     for p in candidates:
         with pytest.raises(AssertionError):
             assert_probes_stripes(p["Plan"])
+
+
+def empty_claim_buffers(conn, pool_id: int) -> int:
+    """Shared buffers the candidate read of an empty claim touches (hit + read): a count."""
+    rows = conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+                        "SELECT * FROM pgd_claim_candidates(%s, NULL)", ([pool_id],)).fetchone()
+    plan = next(iter(rows.values()))[0]["Plan"]
+    return plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)
+
+
+def test_an_empty_claim_reads_as_much_with_ten_thousand_jobs_in_paused_projects(world):
+    """Idle cost is flat in queue depth (issue 18): jobs waiting in a paused project are not
+    looked at by an empty claim's candidate read."""
+    world.setup()
+    world.project("big", org="acme", pools=("linux",))
+    pool_id = world.pool_ids(("linux",))[0]
+    world.conn.execute("UPDATE projects SET paused_at = now(), pause_reason = 'test' "
+                       "WHERE name IN ('web', 'big')")
+    empty = empty_claim_buffers(world.conn, pool_id)
+    project_id = world.conn.execute("SELECT id FROM projects WHERE name = 'big'").fetchone()["id"]
+    world.conn.execute(
+        "INSERT INTO jobs (project_id, pool_id, state, command, ready_at, submitted_by) "
+        "SELECT %s, %s, 'queued', ARRAY['true'], now(), 'test' FROM generate_series(1, 10000)",
+        (project_id, pool_id))
+    world.conn.execute("ANALYZE jobs")
+    assert empty_claim_buffers(world.conn, pool_id) <= empty + 2

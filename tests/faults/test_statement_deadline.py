@@ -91,9 +91,11 @@ def test_a_pooled_connection_that_stalls_is_replaced(world, proxy):
         db.close_pool(pool)
 
 
-def test_the_pool_check_on_checkout_has_the_deadline_too(world, proxy):
+def test_the_pool_check_on_checkout_has_the_deadline_too(world, proxy, monkeypatch):
     """A link that stalls while the connection sits in the pool is found by the checkout's
     check, within the deadline, and replaced: the checkout hands out a working connection."""
+    # as for a connection idle long enough to be checked (sql/db.py, CHECK_IDLE_SECONDS)
+    monkeypatch.setattr(db, "CHECK_IDLE_SECONDS", -1.0)
     world.setup()
     pool = db.make_pool(proxy.db_url, min_size=1, max_size=1, timeout_seconds=10,
                         statement_deadline_seconds=DEADLINE)

@@ -51,10 +51,11 @@ def scheduler(db_url, pooler):
 
 
 def listening(conn) -> list[int]:
-    """Server sessions of this database whose last statement was the listener's LISTEN."""
+    """Server sessions of this database whose last statement was the listener's LISTEN, or
+    its registration, which follows the LISTENs (sql/scheduling.py listen_for_work)."""
     return [r["pid"] for r in conn.execute(
         "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-        "AND query = 'LISTEN pgdispatch_queued'")]
+        "AND (query = 'LISTEN pgdispatch_queued' OR query LIKE 'SELECT pgd_listen_runner(%%')")]
 
 
 @pytest.mark.parametrize("route", ["direct", "session alias"])

@@ -19,6 +19,7 @@ from pgdispatch.sql import Settings
 
 # Short lease and fast intervals, so that every rule shows within a second or two.
 FAST = Settings(lease_seconds=3.0, heartbeat_seconds=1.0, claim_interval_seconds=0.2,
+                runner_beat_seconds=1.0, duty_lease_seconds=3.0,
                 expire_interval_seconds=0.2, summary_interval_seconds=0.3,
                 backoff_base_seconds=0.05, backoff_cap_seconds=0.1)
 

@@ -156,6 +156,10 @@ class Scheduler:
         self._duties = Duties(self._db, s, runner_id=self.runner_id,
                               is_draining=lambda: self._is_draining,
                               reschedule=self._reschedule_beat)
+        try:  # take the lapsed duties now, so that the duty jobs' first runs do them
+            self._duties.beat()
+        except Exception as exc:  # DatabaseUnavailable and kin: the beat job retries
+            log.warning("first runner beat failed: %s", exc)
         self._reporter = CompletionReporter(self._db, s, max_batch=self.max_batch)
         self._claimer = Claimer(self._db, s, runner_id=self.runner_id, pool_ids=self.pool_ids,
                                 free_slots=self.free_slots, launch=self._launch,
@@ -335,6 +339,8 @@ class Scheduler:
             self.on_completed(result)
 
     def _reschedule_beat(self, delay_seconds: float) -> None:
+        if self._aps is None:
+            return  # the first beat, before the jobs start: the beat job's first run is now
         try:
             self._aps.modify_job(BEAT_JOB, next_run_time=dt.datetime.now(dt.timezone.utc)
                                  + dt.timedelta(seconds=delay_seconds))

@@ -1,8 +1,10 @@
 """The scheduler process: ``pgdispatch scheduler --pool Q --slots N`` calls ``run``.
 
-An APScheduler BackgroundScheduler drives four interval jobs, one module each:
-claiming (fill free slots), expiry (end lapsed leases), summaries (refresh the queue
-summary) and runner_row (keep this runner's row alive). Each claimed job runs in an
+An APScheduler BackgroundScheduler drives five interval jobs, one module each:
+claiming (fill free slots), runner_row (keep this runner's row alive, and carry the
+election of the duties: scheduler/duties.py), and the duties, which only their elected
+holder does: expiry (end lapsed leases; every scheduler for its own pools when the duty is
+overdue), summaries (refresh the queue summary) and cleanup. Each claimed job runs in an
 ``executor.Execution`` thread. Every database call is one short transaction on a
 connection borrowed from the pool; none is held while a job runs.
 
@@ -35,6 +37,7 @@ from pgdispatch.sql.transitions import Claim
 from pgdispatch.sql.validate import check_max_batch
 
 from . import expiry, runner_row, sandbox as sandboxes, summaries
+from .duties import CLEANUP_INTERVAL_SECONDS, Duties
 from .claiming import DEFAULT_MAX_BATCH, Claimer
 from .executor import Execution, ExecutionResult
 from .heartbeats import fence_margin_seconds
@@ -46,6 +49,7 @@ from .watchdog import Watchdog
 log = logging.getLogger(__name__)
 
 CLAIM_JOB = "claim"
+BEAT_JOB = "runner"
 
 
 def default_runner_name() -> str:
@@ -116,6 +120,7 @@ class Scheduler:
         self._is_closed = False
         self._listener: threading.Thread | None = None
         self._listener_stop = threading.Event()
+        self._duties: Duties | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -148,6 +153,13 @@ class Scheduler:
             self._close_watchdog()
             raise
         s = self.settings
+        self._duties = Duties(self._db, s, runner_id=self.runner_id,
+                              is_draining=lambda: self._is_draining,
+                              reschedule=self._reschedule_beat)
+        try:  # take the lapsed duties now, so that the duty jobs' first runs do them
+            self._duties.beat()
+        except Exception as exc:  # DatabaseUnavailable and kin: the beat job retries
+            log.warning("first runner beat failed: %s", exc)
         self._reporter = CompletionReporter(self._db, s, max_batch=self.max_batch)
         self._claimer = Claimer(self._db, s, runner_id=self.runner_id, pool_ids=self.pool_ids,
                                 free_slots=self.free_slots, launch=self._launch,
@@ -162,19 +174,22 @@ class Scheduler:
         jobs = [
             (CLAIM_JOB, Periodic("claim", self._claimer.poll, is_exclusive=False),
              s.claim_interval_seconds, now),
-            ("expire", Periodic("expire", lambda: expiry.expire_lapsed_leases(self._db, s)),
+            ("expire", Periodic("expire", lambda: expiry.run_expiry(
+                self._db, s, self._duties, runner_id=self.runner_id, pool_ids=self.pool_ids)),
              s.expire_interval_seconds, now),
-            ("summarize", Periodic("summarize", lambda: summaries.refresh_queue_summary(self._db)),
+            ("summarize", Periodic("summarize", self._run_summaries),
              s.summary_interval_seconds, now),
-            ("runner", Periodic("runner keep-alive", self._beat_runner), s.heartbeat_seconds,
-             None),
+            ("cleanup", Periodic("cleanup", self._run_cleanup), CLEANUP_INTERVAL_SECONDS, now),
+            # its next run is moved by each beat (Duties.next_beat_delay)
+            (BEAT_JOB, Periodic("runner keep-alive", self._duties.beat), s.runner_beat_seconds,
+             now),
         ]
         for job_id, fn, seconds, first_run in jobs:
             kwargs = {"next_run_time": first_run} if first_run is not None else {}
             aps.add_job(fn, "interval", id=job_id, name=job_id, seconds=seconds,
                         max_instances=4, **kwargs)
+        self._aps = aps  # before start: the first beat reschedules itself through it
         aps.start()
-        self._aps = aps
         if self.listen:
             self._listener = threading.Thread(
                 target=listen_for_work, name="wakeup-listener", daemon=True,
@@ -245,9 +260,9 @@ class Scheduler:
                 self._aps.remove_job(CLAIM_JOB)
             except JobLookupError:
                 pass
-        if self.runner_id is not None and self._db is not None:
+        if self._duties is not None:
             try:
-                runner_row.beat(self._db, runner_id=self.runner_id, is_draining=True)
+                self._duties.beat()  # draining: gives up every duty held
             except Exception as exc:
                 log.warning("could not mark runner %d draining: %s", self.runner_id, exc)
         n = len(self.running())
@@ -329,8 +344,31 @@ class Scheduler:
         if self.on_completed is not None:
             self.on_completed(result)
 
-    def _beat_runner(self) -> None:
-        runner_row.beat(self._db, runner_id=self.runner_id, is_draining=self._is_draining)
+    def _reschedule_beat(self, delay_seconds: float) -> None:
+        if self._aps is None:
+            return  # the first beat, before the jobs start: the beat job's first run is now
+        try:
+            self._aps.modify_job(BEAT_JOB, next_run_time=dt.datetime.now(dt.timezone.utc)
+                                 + dt.timedelta(seconds=delay_seconds))
+        except Exception:  # JobLookupError, or shut down (stop) meanwhile: no more beats
+            pass
+
+    def _run_summaries(self) -> None:
+        term = self._duties.term("summaries")
+        if term is not None and not summaries.refresh_queue_summary(
+                self._db, runner_id=self.runner_id, term=term):
+            self._duties.lost("summaries", term)
+
+    def _run_cleanup(self) -> None:
+        term = self._duties.term("cleanup")
+        if term is None:
+            return
+        done = runner_row.cleanup(self._db, runner_id=self.runner_id, term=term)
+        if done is None:
+            self._duties.lost("cleanup", term)
+        elif done["lost"]:
+            log.warning("runners %s not beaten for a while: marked lost",
+                        ", ".join(map(str, done["lost"])))
 
 
 def _install_signal_handlers(stop_event: threading.Event,

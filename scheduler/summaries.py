@@ -1,9 +1,12 @@
-"""The summary job: refresh the per-(project, pool) queue summary the console reads, every
-``summary_interval_seconds``. One statement; it writes summary rows only, never a job row.
+"""The summaries duty: refresh the per-(project, pool) queue summary the console reads and
+the current minute of its history (queue_history), every ``summary_interval_seconds``, by
+the holder of the duty only (scheduler/duties.py). One statement's worth of work in one
+transaction; it writes summary rows only, never a job row, and stamps the duty done if this
+runner still holds it in the term it was taken in (else it is undone whole).
 
 No job row can stop it: the statement only counts, compares and takes the least ready_at
-(sql/summaries.sql), so unlike the expiry pass it has no row to skip. A pass that fails (the
-database unavailable) is logged and retried by scheduler/periodic.py."""
+(sql/functions/summaries.sql), so unlike the expiry pass it has no row to skip. A pass that
+fails (the database unavailable) is logged and retried by scheduler/periodic.py."""
 
 from __future__ import annotations
 
@@ -11,11 +14,13 @@ from pgdispatch.sql import transitions
 from pgdispatch.sql.db import checkout
 
 
-def refresh_queue_summary(pool) -> None:
-    """Recount the waiting jobs into queue_summaries.
+def refresh_queue_summary(pool, *, runner_id: int, term: int) -> bool:
+    """Recount the waiting jobs into queue_summaries and queue_history, as the holder of the
+    summaries duty in ``term``. Returns False when the duty is no longer held in that term
+    (nothing written).
 
     Raises:
         DatabaseUnavailable: the refresh did not happen; the next run will do it.
     """
     with checkout(pool) as conn:
-        transitions.summarize_queue(conn)
+        return transitions.run_summaries(conn, runner_id=runner_id, term=term)

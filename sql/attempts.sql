@@ -18,7 +18,12 @@ SELECT pgd_complete(:attempt_id, :generation, :outcome, :exit_code, :error, :out
 
 -- name: expire_one$
 -- End one lapsed lease in lock order (SKIP LOCKED on the job); NULL when none; see pgd_expire_one (sql/functions/expire.sql).
-SELECT pgd_expire_one(:backoff_base_seconds, :backoff_cap_seconds);
+-- pool_ids: only those pools' jobs; NULL: every pool.
+SELECT pgd_expire_one(:backoff_base_seconds, :backoff_cap_seconds, CAST(:pool_ids AS bigint[]));
+
+-- name: expiry_done$
+-- Stamp the expiry duty done, if the caller holds it in that term; see pgd_expiry_done.
+SELECT pgd_expiry_done(:runner_id, :term);
 
 -- name: list_attempts
 -- A job's attempts, oldest first, with the runner's name. Read-only.

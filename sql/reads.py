@@ -108,6 +108,18 @@ def list_runners(conn, *, live_seconds: float = 90.0) -> list[dict[str, Any]]:
     return list(Q.list_runners(conn, live_seconds=live_seconds))
 
 
+@transition("list_runners_page")
+def list_runners_page(conn, *, live_seconds: float = 90.0,
+                      stopped_limit: int = 10) -> dict[str, Any]:
+    """The runners page: {"runners": runners not stopped (seen within the hour), then the
+    last ``stopped_limit`` stopped or lost ones; "stopped_total": runners stopped within the
+    hour; "duties": every elected duty with its holder (list_duties, sql/runners.sql)}."""
+    runners = list(Q.list_runners_page(conn, live_seconds=live_seconds,
+                                       stopped_limit=stopped_limit))
+    total = runners[0]["stopped_total"] if runners else 0
+    return {"runners": runners, "stopped_total": total, "duties": list(Q.list_duties(conn))}
+
+
 @transition("list_filter_choices")
 def list_filter_choices(conn) -> dict[str, list[str]]:
     """Organization, project and pool names for the console's filter menus, sorted:

@@ -63,11 +63,18 @@ CREATE TABLE runners (
     -- report as this runner, and only from the pools runner_grants gives it
     -- (sql/functions/claim.sql, "Runner grants")
     login             text NOT NULL DEFAULT session_user,
+    -- the longest a live runner goes between keep-alives (its runner_beat_seconds, recorded
+    -- by each beat): the cleanup duty marks a runner not beaten for a few of them lost
+    beat_seconds      double precision CHECK (beat_seconds > 0),
+    -- why stopped_at is set: 'stopped' (a clean stop) or 'lost' (the cleanup duty found it
+    -- silent; a later beat of it clears both, sql/functions/runners.sql)
+    stop_reason       text CHECK (stop_reason IN ('stopped', 'lost')),
     -- the server process id of this runner's wake-up listener session, set by that session
     -- right after its LISTEN (pgd_listen_runner), and when a wake-up last chose this runner
     -- (sql/functions/wakeups.sql)
     listen_pid        integer,
-    woken_at          timestamptz
+    woken_at          timestamptz,
+    CHECK (stop_reason IS NULL OR stopped_at IS NOT NULL)
 );
 CREATE INDEX runners_live_idx ON runners (last_heartbeat_at) WHERE stopped_at IS NULL;
 CREATE INDEX runners_login_idx ON runners (login) WHERE stopped_at IS NULL;
@@ -295,6 +302,33 @@ CREATE TABLE queue_summaries (
     refreshed_at    timestamptz NOT NULL,
     PRIMARY KEY (project_id, pool_id)
 );
+
+-- Rolled-up history of each pool's queue for the console's charts: one row per pool per
+-- minute (the summaries duty upserts the current minute, sql/functions/runners.sql); the
+-- cleanup duty deletes rows older than 7 days.
+CREATE TABLE queue_history (
+    at                  timestamptz NOT NULL,  -- the minute (date_trunc('minute', ...))
+    pool_id             bigint NOT NULL REFERENCES pools (id),
+    waiting             integer NOT NULL,      -- queued and ready
+    running             integer NOT NULL,      -- running attempts
+    oldest_wait_seconds double precision,      -- of the oldest ready job; NULL when none waits
+    PRIMARY KEY (at, pool_id)
+);
+
+-- The elected duties, one row each: what one scheduler suffices for (summaries, expiry,
+-- cleanup). A runner's keep-alive renews the duties it holds and takes over a lapsed one
+-- (pgd_beat_runner, sql/functions/runners.sql); term is the fence of a holding: bumped on
+-- every takeover, carried by each duty run, which stamps last_done_at only while it holds.
+CREATE TABLE duty_leases (
+    duty         text PRIMARY KEY CHECK (duty IN ('summaries', 'expiry', 'cleanup')),
+    runner_id    bigint REFERENCES runners (id),
+    term         bigint NOT NULL DEFAULT 0 CHECK (term >= 0),
+    held_since   timestamptz,
+    expires_at   timestamptz NOT NULL DEFAULT '-infinity',
+    last_done_at timestamptz,
+    done_count   bigint NOT NULL DEFAULT 0  -- duty runs stamped, ever (tests count them)
+);
+INSERT INTO duty_leases (duty) VALUES ('summaries'), ('expiry'), ('cleanup');
 
 -- Organization and pool capacity, as pgd_capacity_stripes() (8) stripes per owner: stripe k
 -- holds `held` of its `cap` slots. How claims, releases and limit changes use them, and the

@@ -111,7 +111,13 @@ class Settings:
         claim_idle_cap_seconds: while claims find nothing, the poll interval doubles from
             claim_interval_seconds up to this (scheduler/claiming.py; at least the interval).
         expire_interval_seconds: how often a scheduler runs the expiry pass.
-        summary_interval_seconds: how often a scheduler refreshes the queue summary.
+        summary_interval_seconds: how often the holder of the summaries duty refreshes the
+            queue summary and its history.
+        runner_beat_seconds: how often a scheduler that holds no duty beats its runner row
+            (the keep-alive; a holder beats every duty_lease_seconds / 3).
+        duty_lease_seconds: how long a duty stays with its holder without a renewal; a
+            holder dead or stalled that long is replaced at the next beat of another
+            (docs/operations.md, "Elected duties").
         backoff_base_seconds / backoff_cap_seconds: retry backoff (see pgd_backoff_seconds).
         statement_deadline_seconds: how long a client waits for any answer from the
             database before it cancels, closes the connection and retries on a fresh one
@@ -137,6 +143,8 @@ class Settings:
     claim_idle_cap_seconds: float = 15.0
     expire_interval_seconds: float = 5.0
     summary_interval_seconds: float = 5.0
+    runner_beat_seconds: float = 15.0
+    duty_lease_seconds: float = 20.0
     backoff_base_seconds: float = 2.0
     backoff_cap_seconds: float = 300.0
     statement_deadline_seconds: float = 30.0
@@ -153,7 +161,9 @@ class Settings:
         Raises:
             InvalidInput: a variable is present but not a number of seconds within its bound
                 (MAX_LEASE_SECONDS, MAX_INTERVAL_SECONDS, MAX_BACKOFF_SECONDS), the backoff
-                base is above its cap, the claim idle cap is below the claim interval, or the heartbeat is not shorter than the lease;
+                base is above its cap, the claim idle cap is below the claim interval, the
+                heartbeat is not shorter than the lease, or the duty lease is not longer
+                than the runner beat;
                 PGDISPATCH_PREPARE_THRESHOLD is neither ``off`` nor a whole number;
                 PGDISPATCH_JOB_ENV_ALLOW names a credential (see ``_job_env_allow``).
         """
@@ -175,6 +185,8 @@ class Settings:
                                            MAX_INTERVAL_SECONDS),
             expire_interval_seconds=seconds("EXPIRE_INTERVAL", 5.0, MAX_INTERVAL_SECONDS),
             summary_interval_seconds=seconds("SUMMARY_INTERVAL", 5.0, MAX_INTERVAL_SECONDS),
+            runner_beat_seconds=seconds("RUNNER_BEAT", 15.0, MAX_INTERVAL_SECONDS),
+            duty_lease_seconds=seconds("DUTY_LEASE", 20.0, MAX_INTERVAL_SECONDS),
             backoff_base_seconds=seconds("BACKOFF_BASE", 2.0, MAX_BACKOFF_SECONDS),
             backoff_cap_seconds=seconds("BACKOFF_CAP", 300.0, MAX_BACKOFF_SECONDS),
             # below a second, healthy statements on a busy server would be cancelled
@@ -201,6 +213,11 @@ class Settings:
             raise InvalidInput(
                 f"heartbeat ({settings.heartbeat_seconds:g} s) must be shorter than the lease "
                 f"({settings.lease_seconds:g} s)")
+        if settings.duty_lease_seconds <= settings.runner_beat_seconds:
+            # a non-holder must beat within a lease, or a dead holder's duty waits a beat longer
+            raise InvalidInput(
+                f"PGDISPATCH_DUTY_LEASE_SECONDS ({settings.duty_lease_seconds:g}) must be more "
+                f"than PGDISPATCH_RUNNER_BEAT_SECONDS ({settings.runner_beat_seconds:g})")
         return settings
 
     def with_overrides(self, **overrides) -> "Settings":

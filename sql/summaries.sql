@@ -3,6 +3,11 @@
 -- (sql/functions/summaries.sql).
 SELECT pgd_summarize_queue();
 
+-- name: run_summaries$
+-- The summaries duty (queue_summaries and queue_history), if the caller holds it in that
+-- term; see pgd_run_summaries (sql/functions/summaries.sql).
+SELECT pgd_run_summaries(:runner_id, :term);
+
 -- name: read_queue_summaries
 -- The summary rows with names, and how old they are in seconds. Read-only.
 SELECT s.project_id, p.name AS project, p.organization_id, s.pool_id, q.name AS pool,

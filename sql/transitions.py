@@ -241,15 +241,17 @@ def complete(conn, *, attempt_id: int, generation: int, outcome: str, receipt_ke
 
 
 @transition("expire_one")
-def expire_one(conn, *, backoff_base_seconds: float = 2.0,
-               backoff_cap_seconds: float = 300.0) -> dict[str, Any] | None:
+def expire_one(conn, *, backoff_base_seconds: float = 2.0, backoff_cap_seconds: float = 300.0,
+               pool_ids: Sequence[int] | None = None) -> dict[str, Any] | None:
     """End one lapsed lease (pgd_expire_one, sql/functions/expire.sql): a build is queued
     again after backoff (seconds) or fails, a deployment becomes uncertain and keeps its
     target. Returns {"attempt_id", "job_id", "job_state", "is_deployment"}, with "failed"
     (a list of {"attempt_id", "job_id", "sqlstate", "error"}) when a lease before it could
-    not be ended; only {"failed": [...]} when none could; None when no lease has lapsed."""
+    not be ended; only {"failed": [...]} when none could; None when no lease has lapsed.
+    ``pool_ids``: only the jobs of those pools (None: every pool)."""
     result = Q.expire_one(conn, backoff_base_seconds=backoff_base_seconds,
-                          backoff_cap_seconds=backoff_cap_seconds)
+                          backoff_cap_seconds=backoff_cap_seconds,
+                          pool_ids=None if pool_ids is None else list(pool_ids))
     if result is not None and "attempt_id" in result:
         metrics.LEASE_EXPIRATIONS.labels(
             kind="deployment" if result["is_deployment"] else "build").inc()
@@ -257,17 +259,19 @@ def expire_one(conn, *, backoff_base_seconds: float = 2.0,
 
 
 def expire_leases(conn, *, limit: int = 1000, backoff_base_seconds: float = 2.0,
-                  backoff_cap_seconds: float = 300.0) -> list[dict[str, Any]]:
+                  backoff_cap_seconds: float = 300.0,
+                  pool_ids: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """One expiry pass: end lapsed leases one per transaction, at most ``limit`` of them.
 
     A lease that cannot be ended (an error on its row) does not stop the pass: it is logged
     once per pass, counted in ``pgdispatch_lease_expiry_failures_total``, named in its job's
     last_error by the database, and the other leases are ended. Returns the leases ended.
+    ``pool_ids``: only the jobs of those pools (None: every pool).
     """
     done, failed = [], set()
     while len(done) < limit:
         result = expire_one(conn, backoff_base_seconds=backoff_base_seconds,
-                            backoff_cap_seconds=backoff_cap_seconds)
+                            backoff_cap_seconds=backoff_cap_seconds, pool_ids=pool_ids)
         if result is None:
             break
         for f in result.get("failed", ()):
@@ -431,15 +435,54 @@ def register_runner(conn, *, name: str, pools: Sequence[str], slots: int, hostna
 
 
 @transition("beat_runner")
-def beat_runner(conn, *, runner_id: int, is_draining: bool = False) -> None:
-    """Mark the runner alive now (database time)."""
-    Q.beat_runner(conn, runner_id=runner_id, draining=is_draining)
+def beat_runner(conn, *, runner_id: int, is_draining: bool = False, beat_seconds: float = 15.0,
+                duty_lease_seconds: float = 20.0) -> list[dict[str, Any]]:
+    """Mark the runner alive now (database time) and carry the duty election: renew the
+    duties it holds and take over the lapsed ones for ``duty_lease_seconds``, or, draining,
+    release its own (pgd_beat_runner, sql/functions/runners.sql). ``beat_seconds``: the
+    longest this runner goes between beats (the cleanup duty counts silence in it).
+
+    Returns every duty, by name: {"duty", "runner_id", "runner_name", "term", "held_since",
+    "expires_at", "last_done_at", "is_mine", "db_now"} (database times).
+    Raises: InvalidInput for a beat or lease outside (0, 3600] seconds.
+    """
+    beat_seconds = check_number("beat seconds", beat_seconds, 0, 3600)
+    duty_lease_seconds = check_number("duty lease seconds", duty_lease_seconds, 0, 3600)
+    return list(Q.beat_runner(conn, runner_id=runner_id, draining=is_draining,
+                              beat_seconds=beat_seconds, duty_lease_seconds=duty_lease_seconds))
 
 
 @transition("stop_runner")
 def stop_runner(conn, *, runner_id: int) -> None:
-    """Mark the runner stopped."""
+    """Mark the runner stopped and release the duties it holds (the next beat of another
+    runner takes them over)."""
     Q.stop_runner(conn, runner_id=runner_id)
+
+
+@transition("run_summaries")
+def run_summaries(conn, *, runner_id: int, term: int) -> bool:
+    """The summaries duty in one transaction (queue_summaries and the current minute of
+    queue_history), fenced: True when done, False when ``runner_id`` does not hold the duty
+    in ``term`` (then nothing is written; pgd_run_summaries, sql/functions/summaries.sql)."""
+    return bool(Q.run_summaries(conn, runner_id=runner_id, term=term))
+
+
+@transition("expiry_done")
+def expiry_done(conn, *, runner_id: int, term: int) -> bool:
+    """Stamp the expiry duty done after a pass over every pool: True, or False when
+    ``runner_id`` does not hold the duty in ``term`` (pgd_expiry_done)."""
+    return bool(Q.expiry_done(conn, runner_id=runner_id, term=term))
+
+
+@transition("run_cleanup")
+def run_cleanup(conn, *, runner_id: int, term: int, batch: int = 100) -> dict[str, Any] | None:
+    """One batch of the cleanup duty, fenced (pgd_run_cleanup, sql/functions/runners.sql):
+    silent runners marked lost, at most ``batch``, and queue_history past its 7-day
+    retention deleted, at most 10 * ``batch`` rows. Returns {"lost": [runner ids], "pruned":
+    n}, or None when ``runner_id`` does not hold the duty in ``term``.
+    Raises: InvalidInput for a batch outside 1..10000."""
+    batch = check_int("batch", batch, 1, 10000)
+    return Q.run_cleanup(conn, runner_id=runner_id, term=term, batch=batch)
 
 
 @transition("summarize_queue")

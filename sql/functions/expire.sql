@@ -1,4 +1,6 @@
--- Lease expiry: the sweep every scheduler runs (sql/transitions.py, expire_one).
+-- Lease expiry: the sweep the holder of the expiry duty runs over every pool, and every
+-- scheduler over its own pools when that duty is overdue (scheduler/expiry.py;
+-- sql/transitions.py, expire_one).
 
 -- expire_one: end one attempt whose lease lapsed (the database clock decides), or return
 -- NULL when there is none. Of the 16 oldest lapsed leases, the first whose job is not
@@ -13,9 +15,12 @@
 -- Returns {attempt_id, job_id, job_state, is_deployment}, with "failed" added when a lease
 -- before it could not be ended (each {attempt_id, job_id, sqlstate, error}; the job's
 -- last_error says so too), or only {"failed": [...]} when none could, or NULL when no lease
--- has lapsed. A deadlock or serialization failure is raised, for the caller's retry.
+-- has lapsed. p_pool_ids, when not NULL, limits the sweep to the jobs of those pools (a
+-- scheduler's own, in the fallback). A deadlock or serialization failure is raised, for the
+-- caller's retry.
 CREATE OR REPLACE FUNCTION pgd_expire_one(p_backoff_base_seconds double precision,
-                                          p_backoff_cap_seconds double precision)
+                                          p_backoff_cap_seconds double precision,
+                                          p_pool_ids bigint[] DEFAULT NULL)
 RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
@@ -33,6 +38,7 @@ BEGIN
                p.organization_id AS org_id
           FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN projects p ON p.id = j.project_id
          WHERE a.state = 'running' AND a.lease_expires_at < clock_timestamp()
+           AND (p_pool_ids IS NULL OR j.pool_id = ANY (p_pool_ids))
          ORDER BY a.lease_expires_at
          LIMIT 16
     LOOP
@@ -112,5 +118,18 @@ BEGIN
         END;
     END LOOP;
     RETURN CASE WHEN jsonb_array_length(v_failed) > 0 THEN jsonb_build_object('failed', v_failed) END;
+END;
+$$;
+
+-- The expiry duty's stamp, in its own transaction after a pass over every pool: last_done_at
+-- = now() only while the caller holds the duty in that term (pgd_stamp_duty,
+-- sql/functions/runners.sql). Returns whether it did. Every scheduler reads last_done_at in
+-- its beat, and expires its own pools itself when the stamp is older than a lease.
+CREATE OR REPLACE FUNCTION pgd_expiry_done(p_runner_id bigint, p_term bigint)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    -- plpgsql: pgd_stamp_duty is defined in a file loaded after this one
+    RETURN pgd_stamp_duty(p_runner_id, p_term, 'expiry');
 END;
 $$;

@@ -3,7 +3,8 @@
 -- each attempt it runs. Entry points of pgdispatch_scheduler (sql/grants.sql): a runner
 -- host's login has no privilege on any table, so every statement it sends is one of these
 -- or a transition of sql/functions/claim.sql, complete.sql, expire.sql, summaries.sql.
--- Tables: sql/schema.sql (runners, attempts, jobs, pools).
+-- The election of the duties rides on the keep-alive (pgd_beat_runner); the cleanup duty is
+-- here too. Tables: sql/schema.sql (runners, duty_leases, attempts, jobs, pools).
 
 -- One row per scheduler process, with its pools (by name) and slots, and the login that
 -- registered it (runners.login DEFAULT session_user); its id, or NULL when a pool name is
@@ -20,24 +21,171 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
     RETURNING id
 $$;
 
--- Keep a runner row alive (the explain "no live runner" check reads last_heartbeat_at); only
--- the runner's own login (or an unbound one) may. A revoked host still beats: the console
--- shows it live, asking for pools it is not granted.
-CREATE OR REPLACE FUNCTION pgd_beat_runner(p_runner_id bigint, p_draining boolean)
-RETURNS void
-LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    UPDATE runners SET last_heartbeat_at = now(), draining = p_draining
-     WHERE id = p_runner_id AND stopped_at IS NULL
-       AND (login = session_user OR pgd_login_is_unbound(session_user))
+-- The keep-alive, which also carries the election of the duties (duty_leases,
+-- sql/schema.sql): it marks the runner row alive (the explain "no live runner" check reads
+-- last_heartbeat_at) with its draining flag and its beat interval (p_beat_seconds, what the
+-- cleanup duty's "not beaten for a while" counts in); then a live runner that is not
+-- draining renews the duties it holds and takes over every duty whose lease lapsed
+-- (expires_at <= now()), each for p_duty_lease_seconds from now, the database's clock; a
+-- takeover bumps the duty's term (the fence its duty runs carry). Rows another beat is
+-- taking at this instant are skipped (SKIP LOCKED), so that of runners beating at once
+-- exactly one takes a lapsed duty. A draining runner takes none and releases its own
+-- (expires_at = now(): the next beat of another takes it over). A runner the cleanup duty
+-- marked lost is alive again by its beat; a stopped one stays stopped (and takes nothing).
+-- Only the runner's own login (or an unbound one) may; a revoked host still beats: the
+-- console shows it live, asking for pools it is not granted. Returns every duty: its holder
+-- (id and name, NULL when never held), term, held_since, expires_at, last_done_at, whether
+-- this runner holds it now (is_mine), and the database's now() (db_now), by which the
+-- caller times its next beat. Raises PD422 for a beat or lease outside (0, 3600].
+CREATE OR REPLACE FUNCTION pgd_beat_runner(p_runner_id bigint, p_draining boolean,
+                                           p_beat_seconds double precision,
+                                           p_duty_lease_seconds double precision)
+RETURNS TABLE (duty text, runner_id bigint, runner_name text, term bigint,
+               held_since timestamptz, expires_at timestamptz, last_done_at timestamptz,
+               is_mine boolean, db_now timestamptz)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+DECLARE
+    v_alive boolean;
+BEGIN
+    IF p_beat_seconds IS NULL OR NOT (p_beat_seconds > 0 AND p_beat_seconds <= 3600) THEN
+        RAISE EXCEPTION 'beat seconds must be in (0, 3600], got %', p_beat_seconds
+            USING ERRCODE = 'PD422';
+    END IF;
+    IF p_duty_lease_seconds IS NULL
+       OR NOT (p_duty_lease_seconds > 0 AND p_duty_lease_seconds <= 3600) THEN
+        RAISE EXCEPTION 'duty lease seconds must be in (0, 3600], got %', p_duty_lease_seconds
+            USING ERRCODE = 'PD422';
+    END IF;
+    UPDATE runners r
+       SET last_heartbeat_at = now(), draining = p_draining, beat_seconds = p_beat_seconds,
+           stopped_at = NULL, stop_reason = NULL
+     WHERE r.id = p_runner_id AND (r.stopped_at IS NULL OR r.stop_reason = 'lost')
+       AND (r.login = session_user OR pgd_login_is_unbound(session_user));
+    v_alive := FOUND;
+    IF v_alive AND NOT p_draining THEN
+        UPDATE duty_leases d
+           SET runner_id = p_runner_id,
+               term = CASE WHEN d.runner_id = p_runner_id AND d.expires_at > now()
+                           THEN d.term ELSE d.term + 1 END,
+               held_since = CASE WHEN d.runner_id = p_runner_id AND d.expires_at > now()
+                                 THEN d.held_since ELSE now() END,
+               expires_at = now() + make_interval(secs => p_duty_lease_seconds)
+          FROM (SELECT c.duty FROM duty_leases c
+                 WHERE c.runner_id = p_runner_id OR c.expires_at <= now()
+                 ORDER BY c.duty
+                   FOR UPDATE SKIP LOCKED) c
+         WHERE d.duty = c.duty;
+    ELSIF v_alive THEN
+        UPDATE duty_leases d SET expires_at = now()
+         WHERE d.runner_id = p_runner_id AND d.expires_at > now();
+    END IF;
+    RETURN QUERY
+    SELECT d.duty, d.runner_id, r.name, d.term, d.held_since, d.expires_at, d.last_done_at,
+           coalesce(v_alive AND d.runner_id = p_runner_id AND d.expires_at > now(), false),
+           now()
+      FROM duty_leases d LEFT JOIN runners r ON r.id = d.runner_id
+     ORDER BY d.duty;
+END;
 $$;
 
--- Mark a runner stopped at shutdown (its own login, or an unbound one, only).
+-- Mark a runner stopped at shutdown (its own login, or an unbound one, only), and release
+-- the duties it holds (expires_at = now()), so that the next beat of another runner takes
+-- each over at once instead of a lease later.
 CREATE OR REPLACE FUNCTION pgd_stop_runner(p_runner_id bigint)
 RETURNS void
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    UPDATE runners SET stopped_at = now(), draining = true
-     WHERE id = p_runner_id AND stopped_at IS NULL
-       AND (login = session_user OR pgd_login_is_unbound(session_user))
+    WITH stopped AS (
+        UPDATE runners SET stopped_at = now(), draining = true, stop_reason = 'stopped'
+         WHERE id = p_runner_id AND (stopped_at IS NULL OR stop_reason = 'lost')
+           AND (login = session_user OR pgd_login_is_unbound(session_user))
+        RETURNING id
+    )
+    UPDATE duty_leases d SET expires_at = now()
+      FROM stopped s
+     WHERE d.runner_id = s.id AND d.expires_at > now()
+$$;
+
+-- Whether the runner holds the duty in this term now (read only, no lock): the cheap check
+-- a duty run makes before its work. Internal.
+CREATE OR REPLACE FUNCTION pgd_holds_duty(p_runner_id bigint, p_term bigint, p_duty text)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM duty_leases d
+                    WHERE d.duty = p_duty AND d.runner_id = p_runner_id AND d.term = p_term
+                      AND d.expires_at > now())
+$$;
+
+-- The fence of a duty run: stamp last_done_at (and count the run) only when the runner
+-- still holds the duty in the term the run was started under, and the session is the
+-- runner's login (or an unbound one). The row stays locked until the caller's transaction
+-- ends, so a takeover waits for the stamp's commit or rollback, never overlaps it. Called
+-- last in a duty's transaction (the lock is then held for an instant). Internal.
+CREATE OR REPLACE FUNCTION pgd_stamp_duty(p_runner_id bigint, p_term bigint, p_duty text)
+RETURNS boolean
+LANGUAGE sql AS $$
+    WITH s AS (
+        UPDATE duty_leases d SET last_done_at = now(), done_count = d.done_count + 1
+         WHERE d.duty = p_duty AND d.runner_id = p_runner_id AND d.term = p_term
+           AND d.expires_at > now()
+           AND EXISTS (SELECT 1 FROM runners r WHERE r.id = p_runner_id
+                          AND (r.login = session_user OR pgd_login_is_unbound(session_user)))
+        RETURNING 1
+    )
+    SELECT count(*) = 1 FROM s
+$$;
+
+-- The cleanup duty, one bounded batch in one transaction, for its holder only (fenced by
+-- runner and term: pgd_stamp_duty): runners not beaten for four of their beat intervals
+-- (beat_seconds, 15 when never recorded) are marked stopped with stop_reason 'lost', at
+-- most p_batch of them, the longest silent first (their running attempts are still ended
+-- by lease expiry, which does not look at runners); and at most 10 * p_batch queue_history
+-- rows older than 7 days are deleted. Returns {"lost": [runner ids], "pruned": n}, or NULL
+-- when the caller does not hold the duty in that term (then nothing is changed). Raises
+-- PD422 for a batch outside 1..10000.
+CREATE OR REPLACE FUNCTION pgd_run_cleanup(p_runner_id bigint, p_term bigint, p_batch integer)
+RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v_lost   jsonb;
+    v_pruned integer;
+BEGIN
+    IF p_batch IS NULL OR p_batch NOT BETWEEN 1 AND 10000 THEN
+        RAISE EXCEPTION 'batch must be in 1..10000, got %', p_batch USING ERRCODE = 'PD422';
+    END IF;
+    IF NOT pgd_holds_duty(p_runner_id, p_term, 'cleanup') THEN
+        RETURN NULL;
+    END IF;
+    BEGIN
+        WITH lost AS (
+            UPDATE runners r SET stopped_at = now(), draining = true, stop_reason = 'lost'
+              FROM (SELECT s.id FROM runners s
+                     WHERE s.stopped_at IS NULL
+                       AND s.last_heartbeat_at
+                           < now() - make_interval(secs => 4 * coalesce(s.beat_seconds, 15))
+                     ORDER BY s.last_heartbeat_at
+                     LIMIT p_batch
+                       FOR UPDATE SKIP LOCKED) s
+             WHERE r.id = s.id
+            RETURNING r.id
+        )
+        SELECT coalesce(jsonb_agg(id ORDER BY id), '[]') INTO v_lost FROM lost;
+        WITH old AS (
+            DELETE FROM queue_history h
+             WHERE (h.at, h.pool_id) IN (SELECT o.at, o.pool_id FROM queue_history o
+                                          WHERE o.at < now() - interval '7 days'
+                                          ORDER BY o.at LIMIT 10 * p_batch)
+            RETURNING 1
+        )
+        SELECT count(*) INTO v_pruned FROM old;
+        IF NOT pgd_stamp_duty(p_runner_id, p_term, 'cleanup') THEN
+            RAISE EXCEPTION USING ERRCODE = 'PDFNC';  -- lost the duty meanwhile: undo
+        END IF;
+    EXCEPTION WHEN SQLSTATE 'PDFNC' THEN
+        RETURN NULL;
+    END;
+    RETURN jsonb_build_object('lost', v_lost, 'pruned', v_pruned);
+END;
 $$;
 
 -- The pool ids a runner was registered for (fixed at registration), passed to its claims;

@@ -1,6 +1,7 @@
--- The per-(project, pool) waiting counts the overview reads (queue_summaries, sql/schema.sql),
--- refreshed by every scheduler's summary job (scheduler/summaries.py); an entry point of
--- pgdispatch_scheduler (sql/grants.sql).
+-- The per-(project, pool) waiting counts the overview reads (queue_summaries, sql/schema.sql)
+-- and the per-pool, per-minute history the console charts (queue_history), refreshed by the
+-- holder of the summaries duty (scheduler/summaries.py, pgd_run_summaries: an entry point
+-- of pgdispatch_scheduler, sql/grants.sql).
 
 -- Refresh the summary rows; touches no job row. It only counts, compares and takes the
 -- least ready_at of job rows, which no value of theirs can make fail (times at both ends of
@@ -42,4 +43,54 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
        SET queued_ready = 0, target_held = 0, target_uncertain = 0, queued_delayed = 0,
            blocked_dependency = 0, blocked_approval = 0, oldest_ready_at = NULL, refreshed_at = now()
      WHERE NOT EXISTS (SELECT 1 FROM counts c WHERE c.project_id = s.project_id AND c.pool_id = s.pool_id)
+$$;
+
+-- Record the current minute of queue_history from the summary rows and the running
+-- attempts: per pool, the most waiting (queued and ready), the most running and the longest
+-- wait (seconds) seen in that minute. Internal; one statement.
+CREATE OR REPLACE FUNCTION pgd_record_queue_history()
+RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO queue_history AS h (at, pool_id, waiting, running, oldest_wait_seconds)
+    SELECT date_trunc('minute', now()), q.id, coalesce(s.waiting, 0), coalesce(r.running, 0),
+           s.oldest_wait_seconds
+      FROM pools q
+      LEFT JOIN (SELECT pool_id, sum(queued_ready)::integer AS waiting,
+                        extract(epoch FROM now() - min(oldest_ready_at))::float8 AS oldest_wait_seconds
+                   FROM queue_summaries GROUP BY pool_id) s ON s.pool_id = q.id
+      LEFT JOIN (SELECT j.pool_id, count(*)::integer AS running
+                   FROM attempts a JOIN jobs j ON j.id = a.job_id
+                  WHERE a.state = 'running' GROUP BY j.pool_id) r ON r.pool_id = q.id
+    ON CONFLICT (at, pool_id) DO UPDATE
+       SET waiting = greatest(h.waiting, excluded.waiting),
+           running = greatest(h.running, excluded.running),
+           oldest_wait_seconds = CASE WHEN h.oldest_wait_seconds IS NULL
+                                      THEN excluded.oldest_wait_seconds
+                                      ELSE greatest(h.oldest_wait_seconds,
+                                                    excluded.oldest_wait_seconds) END
+$$;
+
+-- The summaries duty, in one transaction, for its holder only: refresh queue_summaries and
+-- the current minute of queue_history, then stamp the duty done (pgd_stamp_duty,
+-- sql/functions/runners.sql, fenced by runner and term). Returns true when done; false when
+-- the caller does not hold the duty in that term (checked first, without a lock, and again
+-- by the stamp: a run that lost the duty meanwhile is undone whole).
+CREATE OR REPLACE FUNCTION pgd_run_summaries(p_runner_id bigint, p_term bigint)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF NOT pgd_holds_duty(p_runner_id, p_term, 'summaries') THEN
+        RETURN false;
+    END IF;
+    BEGIN
+        PERFORM pgd_summarize_queue();
+        PERFORM pgd_record_queue_history();
+        IF NOT pgd_stamp_duty(p_runner_id, p_term, 'summaries') THEN
+            RAISE EXCEPTION USING ERRCODE = 'PDFNC';
+        END IF;
+    EXCEPTION WHEN SQLSTATE 'PDFNC' THEN
+        RETURN false;
+    END;
+    RETURN true;
+END;
 $$;

@@ -40,7 +40,8 @@ MAX_ATTEMPTS = 5
 # A lease longer than the outage, so most running jobs live through it and report after
 # it; a few may not (their reports give up when the lease would have lapsed): retried.
 ENV = dict(FAST_ENV, PGDISPATCH_LEASE_SECONDS="10", PGDISPATCH_HEARTBEAT_SECONDS="1",
-           PGDISPATCH_EXPIRE_INTERVAL_SECONDS="0.5")
+           PGDISPATCH_EXPIRE_INTERVAL_SECONDS="0.5",
+               PGDISPATCH_RUNNER_BEAT_SECONDS="1", PGDISPATCH_DUTY_LEASE_SECONDS="3")
 # (mode, seconds down at least): the fast stop is shorter than the lease, so running jobs
 # live through it and report late; the crash-like immediate stop outlasts the lease, so the
 # jobs running then give up reporting (or fence themselves) and their leases lapse: retried.

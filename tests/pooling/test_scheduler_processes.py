@@ -98,6 +98,7 @@ def run_schedulers(world, db_url: str, pooled_url: str, tmp_path: Path, *,
     env.update(DATABASE_URL=pooled_url, PGDISPATCH_LEASE_SECONDS="5",
                PGDISPATCH_HEARTBEAT_SECONDS="0.4", PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2", PGDISPATCH_CLAIM_IDLE_CAP_SECONDS="1",
                PGDISPATCH_EXPIRE_INTERVAL_SECONDS="0.5", PGDISPATCH_SUMMARY_INTERVAL_SECONDS="2",
+               PGDISPATCH_RUNNER_BEAT_SECONDS="1", PGDISPATCH_DUTY_LEASE_SECONDS="3",
                PGDISPATCH_DATA_DIR=str(tmp_path / "data"), **(env_extra or {}))
     procs = processes.start_schedulers(env, tmp_path, SCHEDULERS, lambda i: [
         "--pool", "linux", "--pool", "deploy", "--slots", str(SLOTS), "--no-listen",

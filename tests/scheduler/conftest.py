@@ -22,6 +22,7 @@ from pgdispatch.sql import Settings
 # retry's backoff elapsing) do not wait for the production cap of 15 s.
 FAST = Settings(lease_seconds=3.0, heartbeat_seconds=1.0, claim_interval_seconds=0.2,
                 claim_idle_cap_seconds=0.8,
+                runner_beat_seconds=1.0, duty_lease_seconds=3.0,
                 expire_interval_seconds=0.2, summary_interval_seconds=0.3,
                 backoff_base_seconds=0.05, backoff_cap_seconds=0.1)
 

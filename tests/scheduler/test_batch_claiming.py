@@ -453,6 +453,7 @@ def test_scheduler_processes_batching_never_exceed_a_limit(world, db_url, tmp_pa
     env.update(DATABASE_URL=db_url, PGDISPATCH_LEASE_SECONDS="10",
                PGDISPATCH_HEARTBEAT_SECONDS="2", PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2", PGDISPATCH_CLAIM_IDLE_CAP_SECONDS="1",
                PGDISPATCH_EXPIRE_INTERVAL_SECONDS="0.5", PGDISPATCH_SUMMARY_INTERVAL_SECONDS="2",
+               PGDISPATCH_RUNNER_BEAT_SECONDS="1", PGDISPATCH_DUTY_LEASE_SECONDS="3",
                PGDISPATCH_BACKOFF_BASE_SECONDS="0.1", PGDISPATCH_BACKOFF_CAP_SECONDS="0.2",
                PGDISPATCH_DATA_DIR=str(tmp_path / "data"), PGDISPATCH_MAX_BATCH="10")
     procs = processes.start_schedulers(env, tmp_path, PROCESSES, lambda i: [

@@ -21,6 +21,7 @@ def _env(db_url: str, tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
     env.update(DATABASE_URL=db_url, PGDISPATCH_LEASE_SECONDS="3", PGDISPATCH_HEARTBEAT_SECONDS="0.5",
                PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2", PGDISPATCH_CLAIM_IDLE_CAP_SECONDS="1", PGDISPATCH_EXPIRE_INTERVAL_SECONDS="0.3",
+               PGDISPATCH_RUNNER_BEAT_SECONDS="1", PGDISPATCH_DUTY_LEASE_SECONDS="3",
                PGDISPATCH_SUMMARY_INTERVAL_SECONDS="1", PGDISPATCH_BACKOFF_BASE_SECONDS="30",
                PGDISPATCH_DATA_DIR=str(tmp_path / "data"), **extra)
     return env

@@ -29,7 +29,8 @@ def logins(db_url):
 def host_env(url: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGDISPATCH_")}
     env.update(DATABASE_URL=url, PGDISPATCH_LEASE_SECONDS="3", PGDISPATCH_HEARTBEAT_SECONDS="0.5",
-               PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2", PGDISPATCH_CLAIM_IDLE_CAP_SECONDS="1", PGDISPATCH_EXPIRE_INTERVAL_SECONDS="0.3")
+               PGDISPATCH_CLAIM_INTERVAL_SECONDS="0.2", PGDISPATCH_CLAIM_IDLE_CAP_SECONDS="1", PGDISPATCH_EXPIRE_INTERVAL_SECONDS="0.3",
+               PGDISPATCH_RUNNER_BEAT_SECONDS="1", PGDISPATCH_DUTY_LEASE_SECONDS="3")
     return env
 
 

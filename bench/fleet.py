@@ -505,6 +505,25 @@ def exactly_once(watch, *, p0: int, p1: int, expected: int) -> dict[str, Any]:
     return row
 
 
+def at_rest(server_url: str, template: str, seconds: float, postmaster: int | None) -> dict[str, Any]:
+    """The server's own CPU with no scheduler (autovacuum, checkpointer, the bench's one
+    sample a second): what every cell's server CPU includes, so the slope between counts,
+    not the figure at small N, is the cost of a scheduler."""
+    with scratch_database(server_url, "pgd_bench_fleet", template=template) as url, \
+            db.connect(server_url, application_name="bench-fleet-monitor") as mon:
+        dbname = database_name(url)
+        x0 = transactions(mon, dbname)
+        c0 = server_cpu_seconds(postmaster) if postmaster else None
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            server_connections(mon, dbname)
+            time.sleep(1.0)
+        elapsed = time.monotonic() - t0
+        return {"seconds": elapsed, "tx_per_s": (transactions(mon, dbname) - x0) / elapsed,
+                "server_cpu_ms_per_s": None if c0 is None
+                else (server_cpu_seconds(postmaster) - c0) * 1000 / elapsed}
+
+
 # --- one cell ----------------------------------------------------------------------------------
 
 
@@ -587,6 +606,8 @@ def table(cells: list[dict[str, Any]]) -> str:
         if "idle" not in c:
             fit = c.get("fit", {})
             why = fit.get("refusal") or c.get("error") or "did not run"
+            # the server's own words, not the log line's prefix
+            why = next((phrase for phrase in CONNECTION_LIMIT if phrase in why), why)
             lines.append(f"| {c['route']} | {c['schedulers']} | does not fit: "
                          f"{fit.get('registered', 0)} registered, {fit.get('listening', 0)} listening "
                          f"({why[:80]}) | | | | | | | | |")
@@ -690,6 +711,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             bouncer = pgbouncer.Bouncer(server_url, pool_size=args.pool_size,
                                         max_client_conn=max(args.counts) * (args.slots + 6) + 200)
         takeover_done = not args.takeover
+        facts["at_rest"] = at_rest(server_url, template, args.window_seconds, postmaster)
+        print(f"== at rest: server CPU {_f(facts['at_rest']['server_cpu_ms_per_s'], '.1f')} ms/s",
+              flush=True)
         try:
             for route in routes:
                 for n in sorted(args.counts):
@@ -735,12 +759,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"({server_kind} PostgreSQL {facts['server_settings'].get('server_version')}, "
         f"{facts['pgbouncer']}, {facts['machine']['cpus']} CPUs; slots {args.slots} each)",
         f"command: {facts['command']}",
-        f"scheduler settings passed: {passed or 'none (defaults)'}", "",
+        f"scheduler settings passed: {passed or 'none (defaults)'}",
+        f"server at rest (no scheduler): {_f(facts['at_rest']['server_cpu_ms_per_s'], '.1f')} "
+        f"ms/s CPU", "",
         table(cells), "",
         "direct-connection ceiling: " + (
             "not measured" if not direct else
-            f"{ceiling['schedulers_registered']} schedulers registered of {ceiling['tried']} tried "
-            f"({ceiling['refusal']}); max_connections {facts['server_settings']['max_connections']}"
+            f"{ceiling['schedulers_registered']} schedulers registered of {ceiling['tried']} tried, "
+            f"then: {ceiling['refusal']}; max_connections "
+            f"{facts['server_settings']['max_connections']}"
             if not ceiling["fits"] else f"all {ceiling['schedulers']} fit"),
         "duty takeover: " + (json.dumps(facts["takeover"], default=str) if takeovers else "not measured"),
     ])

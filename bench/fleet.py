@@ -587,7 +587,12 @@ def run_cell(route: str, n: int, *, server_url: str, template: str, bouncer, arg
                       f"{cell['burst']['p99_ms']:.0f} ms, extra claims/job "
                       f"{cell['spaced']['extra_claims_per_job']:.2f}", flush=True)
                 if do_takeover:
-                    cell["takeover"] = takeover(watch, fleet, timeout_s=args.takeover_timeout_seconds)
+                    try:
+                        cell["takeover"] = takeover(watch, fleet,
+                                                    timeout_s=args.takeover_timeout_seconds)
+                    except Exception as exc:  # a schema this bench did not foresee: say so
+                        cell["takeover"] = {"measured": False, "why": f"{type(exc).__name__}: {exc}"}
+                    print(f"    duty takeover: {cell['takeover']}", flush=True)
             finally:
                 codes = fleet.stop()
                 cell["exit_codes_nonzero"] = {fleet.names[i]: c for i, c in enumerate(codes)

@@ -10,6 +10,7 @@ BENCHMARKS = {
     "fairness": "bench.fairness",
     "notify": "bench.notify",
     "pooled": "bench.pooled",
+    "fleet": "bench.fleet",
     # throughput (claim + peers + ceiling, alternated on one server), latency, then the report
     "all": "bench.report:main_all",
     # the parts of "all", one at a time, and the re-print of a saved report

@@ -39,6 +39,9 @@ PARTS_OF_ALL = ("claim", "peers", "ceiling", "latency")
 # it need not flush to disk, which makes creating and dropping its many databases quick. A
 # DATABASE_URL server is left as it is.
 NO_FLUSH = ("fsync", "synchronous_commit", "full_page_writes")
+# Benchmarks with a smoke test of their own, left out of this run: the fleet starts real
+# scheduler processes and waits out idle windows (tests/bench/test_fleet.py runs it small).
+RUN_ELSEWHERE = ("fleet",)
 
 
 def runs(out: Path) -> list[tuple[str, list[str], list[Path]]]:
@@ -80,7 +83,7 @@ def uncovered(names: Sequence[str]) -> list[str]:
     """Registered benchmarks that the smoke run does not run (directly or as a part of all)."""
     from .__main__ import BENCHMARKS
 
-    covered = set(names) | set(PARTS_OF_ALL) | {"smoke"}
+    covered = set(names) | set(PARTS_OF_ALL) | {"smoke"} | set(RUN_ELSEWHERE)
     return sorted(set(BENCHMARKS) - covered)
 
 

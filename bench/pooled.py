@@ -81,16 +81,18 @@ def start_schedulers(pooled_url: str, listen_url: str | None, *, n: int, slots: 
 
 
 def wait_ready(direct_url: str, *, schedulers: int, listeners: int, procs) -> None:
-    """Until every scheduler registered its runner and ``listeners`` server sessions last ran
-    the listener's LISTEN; then one more second, so that each has made its first claim poll."""
+    """Until every scheduler registered its runner and ``listeners`` of them registered their
+    listener session; then one more second, so that each has made its first claim poll."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     with db.connect(direct_url, application_name="bench-pooled-watch") as conn:
         while True:
             runners = conn.execute("SELECT count(*) AS n FROM runners WHERE stopped_at IS NULL"
                                    ).fetchone()["n"]
+            # a listener registers its session on its runner row after its LISTENs
+            # (pgd_listen_runner, sql/functions/wakeups.sql)
             listening = conn.execute(
-                "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
-                "AND query = 'LISTEN pgdispatch_queued'").fetchone()["n"]
+                "SELECT count(*) AS n FROM runners WHERE stopped_at IS NULL "
+                "AND listen_pid IS NOT NULL").fetchone()["n"]
             if runners >= schedulers and listening >= listeners:
                 break
             if any(p.poll() is not None for p in procs):

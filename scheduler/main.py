@@ -118,6 +118,11 @@ class Scheduler:
         self._changed = threading.Condition()
         self._is_draining = False
         self._is_closed = False
+        # Held while a beat moves its own APScheduler job, and while stop() marks the
+        # scheduler closed: APScheduler's shutdown(wait=True) holds its job-store lock while
+        # it waits for running jobs, so a beat job calling modify_job once shutdown began
+        # would wait for that lock forever, and shutdown for the beat.
+        self._reschedule_lock = threading.Lock()
         self._listener: threading.Thread | None = None
         self._listener_stop = threading.Event()
         self._duties: Duties | None = None
@@ -225,7 +230,8 @@ class Scheduler:
         if self._is_closed:
             return
         self.drain(grace_seconds=grace_seconds, hurry=hurry)
-        self._is_closed = True
+        with self._reschedule_lock:
+            self._is_closed = True
         self._listener_stop.set()
         if self._listener is not None:
             self._listener.join(timeout=5)
@@ -345,13 +351,16 @@ class Scheduler:
             self.on_completed(result)
 
     def _reschedule_beat(self, delay_seconds: float) -> None:
-        if self._aps is None:
-            return  # the first beat, before the jobs start: the beat job's first run is now
-        try:
-            self._aps.modify_job(BEAT_JOB, next_run_time=dt.datetime.now(dt.timezone.utc)
-                                 + dt.timedelta(seconds=delay_seconds))
-        except Exception:  # JobLookupError, or shut down (stop) meanwhile: no more beats
-            pass
+        with self._reschedule_lock:
+            if self._aps is None or self._is_closed:
+                # the first beat, before the jobs start (the beat job's first run is now), or
+                # stopping: no more beats, and shutdown must not wait for this one
+                return
+            try:
+                self._aps.modify_job(BEAT_JOB, next_run_time=dt.datetime.now(dt.timezone.utc)
+                                     + dt.timedelta(seconds=delay_seconds))
+            except Exception:  # JobLookupError: the job is gone
+                pass
 
     def _run_summaries(self) -> None:
         term = self._duties.term("summaries")

@@ -110,3 +110,25 @@ def test_a_second_stop_request_skips_the_grace_period(world, start_scheduler):
     result = signals.next_completed(timeout=1)
     assert result.outcome == "handed_back" and result.exit_code == -9
     assert world.row("jobs", job["id"])["state"] == "queued"
+
+
+def test_stop_never_waits_for_a_beat_that_reschedules_itself_during_the_shutdown(world,
+                                                                                start_scheduler):
+    # A beat job moves its own next run (scheduler/duties.py). APScheduler's shutdown holds
+    # its job-store lock while it waits for running jobs: a beat that asks to move itself
+    # after the shutdown began must give up, not wait for that lock (and shutdown for it).
+    world.setup()
+    s, _ = start_scheduler()
+    in_beat = threading.Event()
+
+    def late_beat():
+        in_beat.set()
+        time.sleep(1.0)  # stop() starts its shutdown meanwhile
+        s._reschedule_beat(1.0)
+
+    s._aps.add_job(late_beat, id="late-beat")
+    assert in_beat.wait(10)
+    stopper = threading.Thread(target=s.stop, kwargs={"grace_seconds": 0}, daemon=True)
+    stopper.start()
+    stopper.join(30)
+    assert not stopper.is_alive(), "stop() is still waiting for the beat job"

@@ -18,8 +18,9 @@ returns every duty row. ``Duties`` keeps what the last beat said and times the n
   old term (pgd_stamp_duty): a paused holder that wakes after a takeover writes nothing.
 
 Safety never depends on the election: when the expiry duty has not been done for longer
-than a lease (``expiry_is_overdue``), every scheduler expires its own pools' lapsed leases
-itself (scheduler/expiry.py).
+than a lease, or a beat finds a lease of its pools lapsed for longer than that whatever the
+holder says (``expiry_is_overdue``), every scheduler expires its own pools' lapsed leases
+itself (scheduler/expiry.py). A host whose login is revoked holds no duty.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class Duties:
         self._held: dict[str, tuple[int, float]] = {}  # duty -> (term, monotonic deadline)
         self._rows: dict[str, dict[str, Any]] = {}
         self._seen_at = 0.0  # monotonic time of the beat that returned _rows
+        # monotonic time by which the first running lease lapses, by the last beat (None: no
+        # lease running then); the expiry holder passes only once it is reached
+        self._next_lapse: float | None = 0.0
 
     # -- the beat ----------------------------------------------------------------------------
 
@@ -96,6 +100,9 @@ class Duties:
             before = dict(self._held)
             self._rows = {r["duty"]: r for r in rows}
             self._seen_at = sent
+            nxt = rows[0].get("next_lease_expiry") if rows else None
+            self._next_lapse = None if nxt is None else \
+                sent + (nxt - rows[0]["db_now"]).total_seconds()
             for r in rows:
                 duty = r["duty"]
                 if r["is_mine"]:
@@ -151,13 +158,25 @@ class Duties:
                 del self._held[duty]
                 log.info("duty %s (term %d) was taken over; no longer doing it", duty, term)
 
+    def lease_may_have_lapsed(self) -> bool:
+        """Whether a running lease may have lapsed since the last beat: the first lease the
+        beat saw running ends by now (or no beat answered yet). A lease claimed after that
+        beat is seen by the next one (a holder beats every duty lease / 3), so the expiry
+        holder skips its pass, sending nothing, while this is False."""
+        with self._lock:
+            return self._next_lapse is not None and time.monotonic() >= self._next_lapse
+
     def expiry_is_overdue(self) -> bool:
-        """Whether the expiry duty, held by another (or nobody), was last done (or, never
-        done, taken) more than a duty lease ago by the last beat's reading, or nothing is
-        known yet: then this scheduler expires its own pools' lapsed leases itself."""
+        """Whether this scheduler expires its own pools' lapsed leases itself: nothing is
+        known yet; or the last beat found a lease of its pools lapsed for more than a duty
+        lease (``leases_overdue``, read from the attempts: true even when a holder stamps
+        its duty without doing it); or the expiry duty, held by another (or nobody), was
+        last done (or, never done, taken) more than a duty lease ago."""
         with self._lock:
             row = self._rows.get("expiry")
             if row is None:
+                return True
+            if row.get("leases_overdue"):
                 return True
             if row["is_mine"] and "expiry" in self._held:
                 return False

@@ -1,7 +1,9 @@
 """The expiry job: end lapsed leases, every ``expire_interval_seconds``.
 
 The holder of the expiry duty (scheduler/duties.py) ends the lapsed leases of every runner,
-then stamps the duty done in its own transaction (pgd_expiry_done, fenced by its term). Any
+then stamps the duty done in its own transaction (pgd_expiry_done, fenced by its term) — but
+only once a lease may have lapsed: its beats say when the first running lease ends, and
+stamp the duty while none has (pgd_beat_runner), so an idle fleet sends no expiry pass. Any
 other scheduler does nothing, unless the duty has not been done for longer than a duty lease
 (its holder dead or wedged): then it ends the lapsed leases of its own pools itself, so that
 no lease outlives the election.
@@ -56,6 +58,8 @@ def run_expiry(pool, settings: Settings, duties, *, runner_id: int,
     """
     term = duties.term("expiry")
     if term is not None:
+        if not duties.lease_may_have_lapsed():
+            return []  # no lease lapses before the next beat looks again (which stamps)
         done = expire_lapsed_leases(pool, settings)
         with checkout(pool) as conn:
             if not transitions.expiry_done(conn, runner_id=runner_id, term=term):

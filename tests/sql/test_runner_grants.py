@@ -278,3 +278,21 @@ def test_a_hosts_backoff_settings_reach_only_the_pools_it_serves(conn, logins):
                                 "WHERE id = %s", (job,)).fetchone()["s"] for pool, job in jobs.items()}
     assert delay["macos"] <= 300, delay
     assert delay["linux"] > 86400, delay  # its own pool: its settings
+
+
+@pytest.mark.parametrize("how", ["grant", "nologin"])
+def test_a_revoked_host_gives_up_its_duties_and_takes_none(conn, logins, how):
+    # The elected duties (sql/functions/runners.sql, pgd_beat_runner) expire every pool's
+    # leases and mark runners lost: a host the server no longer believes holds none of them.
+    login, url = logins.make("dutyholder", groups=(GROUP,))
+    w = granted_world(conn, [{"login": login, "pools": ["linux"]}])
+    with db.connect(url) as hc:
+        runner = register(hc, ["linux"])
+        rows = transitions.beat_runner(hc, runner_id=runner)
+        assert {r["duty"] for r in rows if r["is_mine"]} == {"cleanup", "expiry", "summaries"}
+        revoke(conn, w, how, login)
+        rows = transitions.beat_runner(hc, runner_id=runner)
+        assert not [r["duty"] for r in rows if r["is_mine"]]
+        held = conn.execute("SELECT duty FROM duty_leases WHERE runner_id = %s "
+                            "AND expires_at > now()", (runner,)).fetchall()
+        assert held == []  # released at once, not left to lapse

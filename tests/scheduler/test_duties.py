@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -299,3 +300,21 @@ def test_a_holder_that_stamps_its_expiry_without_doing_it_does_not_stop_the_fall
     finally:
         stop.set()
         t.join(5)
+
+
+def test_an_idle_expiry_holder_sends_no_expiry_pass(world, db_url, start_scheduler):
+    # The holder's beats say when the first running lease lapses (next_lease_expiry) and
+    # stamp the duty while none has: with nothing running it sends no pass at all.
+    world.setup()
+    c = world.conn
+    dbname = c.execute("SELECT current_database() AS d").fetchone()["d"]
+    c.execute(f'ALTER DATABASE "{dbname}" SET track_functions = \'all\'')  # new sessions
+    stamped = duty(c, "expiry")["done_count"]
+    s, _ = start_scheduler()
+    wait_until(lambda: duty(c, "expiry")["runner_id"] == s.runner_id, what="it to hold expiry")
+    wait_until(lambda: duty(c, "expiry")["done_count"] >= stamped + 3, timeout=15,
+               what="three beats to stamp the expiry duty")
+    s.stop(grace_seconds=0)
+    c.execute("SELECT pg_stat_clear_snapshot()")
+    time.sleep(1.5)  # the scheduler's sessions flushed their function counts when they closed
+    assert function_calls(c, "pgd_expire_one") == 0

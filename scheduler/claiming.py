@@ -9,8 +9,9 @@ Idle backoff. While claim rounds find nothing, ``poll`` skips ticks: after n emp
 a row it waits a jittered whole number of ticks, between half and all of
 min(claim_idle_cap_seconds, claim_interval_seconds * 2**n), so an idle scheduler's poll
 interval doubles up to the cap (and a fleet started together spreads out). A skipped tick
-costs no transaction. Any wake-up (``note_wakeup``) and any round that found work return it
-to polling every tick at once. No ready job waits longer than the cap for a poll, whatever
+costs no transaction. Any wake-up (``note_wakeup``) makes the next tick claim at once; a round
+whose answer says more work waits returns it to polling every tick, and one that took a lone
+job (``more_waiting`` false) goes back to the backoff it had. No ready job waits longer than the cap for a poll, whatever
 made it claimable (docs/operations.md, "Idle schedulers and wake-ups", says what else
 bounds each kind of wait). A round that made no claim because every slot is taken leaves
 the backoff as it was.
@@ -121,7 +122,6 @@ class Claimer:
         back to polling every tick, and the next poll claims. The caller then runs ``poll``."""
         with self._state:
             self._wakeups += 1
-            self._idle_rounds = 0
             self._ticks_to_skip = 0
             self._work_waiting = True
 
@@ -143,11 +143,16 @@ class Claimer:
         with self._state:
             if self._wakeups != wakeups:
                 return  # a wake-up came during the round: it decides (fast, work waiting)
-            if found:
+            if found and more:
                 self._idle_rounds = 0
                 self._ticks_to_skip = 0
             elif asked:
-                self._idle_rounds = min(self._idle_rounds + 1, 64)
+                # Nothing (more) claimable. A round that took a lone job (more_waiting false)
+                # goes back to the backoff it had before its wake-up instead of ramping up from
+                # the interval again: what comes next comes with a wake-up of its own, and a
+                # ramp after every lone job cost ~2 empty claims a job at 40 listeners.
+                if not found:
+                    self._idle_rounds = min(self._idle_rounds + 1, 64)
                 step = min(self._cap, self._interval * 2 ** self._idle_rounds)
                 most = max(1, int(step / self._interval + 1e-9))  # whole ticks, never past the cap
                 # polls skipped before the next: the wait is ticks * interval <= step <= cap

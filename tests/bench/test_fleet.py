@@ -24,8 +24,10 @@ def test_fleet_benchmark_runs_every_route_exactly_once(tmp_path):
         [sys.executable, "-m", "bench", "fleet", "--quick", "--counts", "2", "--slots", "2",
          "--settle-seconds", "0.5", "--window-seconds", "1.5", "--spaced-jobs", str(SPACED),
          "--gap-seconds", "0.02,0.05", "--burst-jobs", str(BURST), "--paused-jobs", "100",
-         "--out", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+         # a short idle cap: a polling-only job then waits seconds, not up to 15 s, on a
+         # machine busy with other tests
+         "--set", "PGDISPATCH_CLAIM_IDLE_CAP_SECONDS=2", "--out", str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     output = f"{proc.stdout[-6000:]}\n{proc.stderr[-4000:]}"
     assert proc.returncode == 0, output
     doc = json.loads(out.read_text())

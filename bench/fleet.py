@@ -13,7 +13,7 @@ Run it from the repository root::
 
 One server for the invocation (``bench.common.bench_server``: an embedded PostgreSQL, or
 ``DATABASE_URL``'s, whose role must be a superuser: the bench reads every session's
-statistics and sets ``track_functions``). One PgBouncer in front of it (bench/pgbouncer.py:
+statistics and sets ``track_functions``). One PgBouncer in front of it (tests/pooling/pgbouncer.py, as bench/pooled.py uses:
 ``pool_mode = transaction``, ``default_pool_size`` ``--pool-size``, prepared statements off,
 as the schedulers' default PGDISPATCH_PREPARE_THRESHOLD is). Routes:
 
@@ -99,8 +99,8 @@ from pathlib import Path
 from typing import Any
 
 from pgdispatch.sql import Settings, config, db, transitions
+from tests.pooling import pgbouncer
 
-from . import pgbouncer
 from .common import (INSERT_QUEUED_JOBS, POOL, RESULTS_DIR, ROOT, bench_server, config_text,
                      database_name, git_commit, limits, machine, percentile, scratch_database,
                      server_settings, template_database)
@@ -328,7 +328,7 @@ def rss_mb(pids: Sequence[int]) -> float:
     return total / 1024
 
 
-def pgbouncer_view(bouncer: pgbouncer.Bouncer | None, dbname: str) -> dict[str, Any] | None:
+def pgbouncer_view(bouncer: pgbouncer.PgBouncer | None, dbname: str) -> dict[str, Any] | None:
     """PgBouncer's pools of ``dbname`` and its server and client connections to it."""
     if bouncer is None:
         return None
@@ -344,7 +344,7 @@ def pgbouncer_view(bouncer: pgbouncer.Bouncer | None, dbname: str) -> dict[str, 
 
 
 def idle_window(seconds: float, *, n: int, mon, watch, dbname: str, postmaster: int | None,
-                bouncer: pgbouncer.Bouncer | None, fleet: Fleet) -> dict[str, Any]:
+                bouncer: pgbouncer.PgBouncer | None, fleet: Fleet) -> dict[str, Any]:
     """One idle window's figures (module docstring, step 1)."""
     f0 = function_calls(watch)
     x0 = transactions(mon, dbname)
@@ -720,8 +720,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             postmaster = postmaster_pid(conn) if server_kind == "embedded" else None
         bouncer = None
         if any(r != "direct" for r in routes):
-            bouncer = pgbouncer.Bouncer(server_url, pool_size=args.pool_size,
-                                        max_client_conn=max(args.counts) * (args.slots + 6) + 200)
+            bouncer = pgbouncer.PgBouncer(server_url, pool_size=args.pool_size,
+                                          max_client_conn=max(args.counts) * (args.slots + 6) + 200)
         takeover_done = not args.takeover
         facts["at_rest"] = at_rest(server_url, template, args.window_seconds, postmaster)
         print(f"== at rest: server CPU {_f(facts['at_rest']['server_cpu_ms_per_s'], '.1f')} ms/s",

@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -49,6 +50,14 @@ def _password_from(passfile: str | None) -> str | None:
         if len(fields) == 5:
             return fields[4]
     return None
+
+
+def version() -> str | None:
+    """``pgbouncer --version``'s first line; None when it is not installed."""
+    if not os.path.exists(PGBOUNCER):
+        return None
+    out = subprocess.run([PGBOUNCER, "--version"], capture_output=True, text=True).stdout
+    return out.splitlines()[0] if out else None
 
 
 class PgBouncer:
@@ -170,6 +179,21 @@ class PgBouncer:
         with psycopg.connect(self.database_url("pgbouncer"), autocommit=True) as conn:
             result = conn.pgconn.exec_(command.encode())
             assert result.status == psycopg.pq.ExecStatus.COMMAND_OK, result.error_message
+
+    def show(self, what: str) -> list[dict[str, Any]]:
+        """``SHOW <what>`` (POOLS, SERVERS, CLIENTS...) on the admin console (simple query
+        protocol), as a list of rows of text."""
+        with psycopg.connect(self.database_url("pgbouncer"), autocommit=True) as conn:
+            result = conn.pgconn.exec_(f"SHOW {what}".encode())
+            assert result.status == psycopg.pq.ExecStatus.TUPLES_OK, result.error_message
+            names = [result.fname(i).decode() for i in range(result.nfields)]
+            return [{n: (None if (v := result.get_value(r, i)) is None else v.decode())
+                     for i, n in enumerate(names)} for r in range(result.ntuples)]
+
+    @property
+    def pid(self) -> int:
+        """PgBouncer's process id (its CPU time is in /proc)."""
+        return self.proc.pid
 
     def kill(self) -> None:
         """SIGKILL: every client connection is reset, and the port stops listening."""

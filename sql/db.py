@@ -232,9 +232,9 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pg
     The check (``_check_on_checkout``): free for every connection, a look at its socket
     (input waiting on an idle connection is the peer's goodbye, or end of file); then, on a
     direct route only, an empty query for a connection idle more than CHECK_IDLE_SECONDS.
-    Behind a pooler (recognised at connect, as sql/scheduling.py ``_is_pooled`` does) the
-    empty query is never sent: it would test only the link to the pooler and cost the
-    server a transaction each time (issue 18); a connection that breaks there meets its
+    Behind a pooler (recognised at connect, ``_reports_other_pid``) the empty query is never
+    sent: it would test only the link to the pooler and cost the server a transaction each
+    time; a connection that breaks there meets its
     caller as DatabaseUnavailable, which every caller retries."""
 
     def configure(conn: Connection) -> None:
@@ -268,8 +268,9 @@ def make_pool(url: str, *, min_size: int = 1, max_size: int = 8, name: str = "pg
 
 def _reports_other_pid(conn: psycopg.Connection) -> bool:
     """Whether the server session's pg_backend_pid() differs from the process id the
-    connection was given at start-up (BackendKeyData): a pooler answers the start-up itself
-    (sql/scheduling.py ``_is_pooled`` says why).
+    connection was given at start-up (BackendKeyData, which a cancel request names): a
+    pooler answers the start-up itself, with a number of its own, so that a cancel comes to
+    it; a plain TCP proxy passes the start-up through, and its session is the client's own.
 
     Raises:
         psycopg.Error: the connection broke.

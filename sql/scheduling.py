@@ -17,7 +17,7 @@ import psycopg
 import psycopg.conninfo
 from psycopg_pool import ConnectionPool
 
-from .db import connect, make_pool, transition
+from .db import _reports_other_pid, connect, make_pool, transition
 from .errors import DatabaseUnavailable, Forbidden, InvalidInput, NotFound
 from .queries import Q
 
@@ -178,15 +178,14 @@ def _is_pooled(conn) -> bool:
     The server sends a session its process id at start-up (BackendKeyData, which a cancel
     request names); a pooler answers the start-up itself, with a number of its own, so that
     a cancel comes to it. A session whose ``pg_backend_pid()`` differs from that number is
-    therefore not a direct one. A plain TCP proxy passes the start-up through and counts as
-    direct, which it is: the session is the client's own.
+    therefore not a direct one (``sql.db._reports_other_pid``, which the pool's checkout check
+    goes by too). A plain TCP proxy passes the start-up through and counts as direct, which
+    it is: the session is the client's own.
 
     Raises:
         psycopg.Error: the connection broke.
     """
-    row = conn.execute("SELECT pg_backend_pid() AS pid").fetchone()
-    pid = row["pid"] if isinstance(row, dict) else row[0]
-    return pid != conn.info.backend_pid
+    return _reports_other_pid(conn)
 
 
 def _call(fn: Callable[[], None]) -> None:

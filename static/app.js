@@ -1,0 +1,25 @@
+// pgdispatch console: small behaviours of our own (no build step; htmx is vendored apart).
+// Times: the server renders every <time data-local> in UTC (pages work without JavaScript);
+// here each is rewritten in the viewer's local time zone, with the UTC value in its tooltip.
+(function () {
+  "use strict";
+  var fmt = new Intl.DateTimeFormat(undefined, {
+    year: "numeric", month: "2-digit", day: "2-digit",
+    hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short"
+  });
+  function localize(root) {
+    var nodes = (root || document).querySelectorAll("time[data-local]");
+    for (var i = 0; i < nodes.length; i++) {
+      var el = nodes[i];
+      if (el.dataset.localized === el.getAttribute("datetime")) continue;
+      var d = new Date(el.getAttribute("datetime"));
+      if (isNaN(d.getTime())) continue;
+      if (!el.dataset.utc) el.dataset.utc = el.textContent;
+      el.textContent = fmt.format(d);
+      el.title = el.dataset.utc;
+      el.dataset.localized = el.getAttribute("datetime");
+    }
+  }
+  document.addEventListener("DOMContentLoaded", function () { localize(document); });
+  document.addEventListener("htmx:afterSettle", function (e) { localize(e.target); });
+})();

@@ -10,9 +10,15 @@ was retried, what it is running now — is only known there, so each scheduler s
                                             (kind: build, deployment)
 ``pgdispatch_claim_seconds``                histogram of claim transactions, in seconds,
                                             empty claims included (sql.metrics)
+``pgdispatch_wait_seconds{pool}``           histogram of how long each job this scheduler
+                                            claimed had waited: its ready_at to its
+                                            attempt's claimed_at, in seconds (the claim's
+                                            answer; a claim recovered after a lost answer
+                                            is not observed)
 ``pgdispatch_lease_expirations_total{kind}`` leases this process's expiry passes ended
 ``pgdispatch_transaction_retries_total``    transactions retried after 40P01/40001,
                                             by transaction name and SQLSTATE
+``pgdispatch_statement_deadlines_total``    statements cancelled at the statement deadline
 ``pgdispatch_scheduler_completions_total``  executions ended, by reported outcome
                                             (``unreported``: fenced out, or the report
                                             could not be delivered)
@@ -31,8 +37,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-from prometheus_client import (CollectorRegistry, Counter, GCCollector, PlatformCollector,
-                               ProcessCollector, start_http_server)
+from prometheus_client import (CollectorRegistry, Counter, GCCollector, Histogram,
+                               PlatformCollector, ProcessCollector, start_http_server)
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 import pgdispatch.sql.metrics
@@ -42,6 +48,10 @@ from pgdispatch.sql import InvalidInput
 log = logging.getLogger(__name__)
 
 OUTCOMES = ("succeeded", "failed", "cancelled", "handed_back", "lost", "unreported")
+# Waits from a moment (a free runner took it at once) to an hour and more (a queue behind a
+# long freeze), in seconds.
+WAIT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+                1800.0, 3600.0, 7200.0)
 
 
 class _SchedulerCollector:
@@ -80,7 +90,8 @@ class Exporter:
     def __init__(self, *, port: int, addr: str = "127.0.0.1"):
         self.registry = CollectorRegistry(auto_describe=True)
         for shared in (sql.metrics.CLAIM_SECONDS, sql.metrics.LEASE_EXPIRATIONS,
-                       sql.metrics.EXPIRY_FAILURES, sql.metrics.TRANSACTION_RETRIES):
+                       sql.metrics.EXPIRY_FAILURES, sql.metrics.TRANSACTION_RETRIES,
+                       sql.metrics.STATEMENT_DEADLINES):
             self.registry.register(shared)
         for kind in ("build", "deployment"):
             sql.metrics.LEASE_EXPIRATIONS.labels(kind=kind)  # exported as 0 until one happens
@@ -93,6 +104,10 @@ class Exporter:
         self.completions = Counter("pgdispatch_scheduler_completions_total",
                                    "Executions ended in this scheduler, by reported outcome.",
                                    ["outcome"], registry=self.registry)
+        self.wait = Histogram("pgdispatch_wait_seconds",
+                              "How long each job this scheduler claimed had waited, from its "
+                              "ready_at to its claim, in seconds.", ["pool"],
+                              buckets=WAIT_BUCKETS, registry=self.registry)
         for kind in ("build", "deployment"):
             self.claims.labels(kind=kind)
         for outcome in OUTCOMES:
@@ -107,13 +122,19 @@ class Exporter:
         log.info("serving metrics on http://%s:%d/metrics", addr, self.port)
 
     def watch(self, scheduler) -> None:
-        """Count ``scheduler``'s claims and completions (chained before any callbacks it
-        already has) and export its running jobs and slots. Call before it starts."""
+        """Count ``scheduler``'s claims (and observe each claimed job's wait) and
+        completions (chained before any callbacks it already has) and export its running
+        jobs and slots. Call before it starts."""
         self.registry.register(_SchedulerCollector(scheduler))
+        for pool in scheduler.pools:
+            self.wait.labels(pool=pool)  # exported (empty) before the first claim
         on_claimed, on_completed = scheduler.on_claimed, scheduler.on_completed
 
         def claimed(claim) -> None:
             self.claims.labels(kind="deployment" if claim.is_deployment else "build").inc()
+            if claim.wait_seconds is not None and claim.pool is not None:
+                # a clock step can make ready_at look later than the claim: no negative wait
+                self.wait.labels(pool=claim.pool).observe(max(claim.wait_seconds, 0.0))
             if on_claimed is not None:
                 on_claimed(claim)
 

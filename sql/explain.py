@@ -16,13 +16,21 @@ from .db import transition
 from .errors import NotFound
 from .queries import Q
 
-# DESIGN.md, "Why is this job waiting?" — the order is the precedence.
+# DESIGN.md, "Why is this job waiting?" — the order is the precedence. The first reason of
+# a job is its primary one; counts, filters and metrics count a job under each of its
+# reasons, with the primary counts beside them (docs/design.md).
 REASON_CODES = (
     "dependency_pending", "approval_required", "project_paused", "retry_delayed",
     "no_authorized_runner", "capacity_organization", "capacity_project", "capacity_pool",
-    "target_held", "target_uncertain", "ready",
+    "target_held", "target_uncertain", "runners_busy", "ready",
 )
 WAITING_STATES = ("blocked", "queued", "uncertain")
+# Reasons that hold for every waiting job of a (project, pool) alike, judged at read time
+# from the small tables; the others are the job's own (its row, its target).
+GROUP_REASONS = ("project_paused", "no_authorized_runner", "capacity_organization",
+                 "capacity_project", "capacity_pool")
+# What a job with no other reason is: waiting for a runner slot, or next in line.
+LAST_REASONS = ("runners_busy", "ready")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +58,8 @@ class World:
     live_pools: set[int]
     # pool id -> (slots of its live runners, how many of them are free)
     runner_slots: dict[int, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    # pool id -> ids of its live runners (granted, not draining), by id
+    runner_ids: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     # pool id -> logins of live runners that ask for it without its grant
     ungranted_logins: dict[int, list[str]] = dataclasses.field(default_factory=dict)
 
@@ -76,6 +86,7 @@ def read_world(conn, *, live_seconds: float = 90.0) -> World:
         live_pools={r["pool_id"] for r in live if r["runner_slots"] > 0},
         runner_slots={r["pool_id"]: (r["runner_slots"], r["free_runner_slots"])
                       for r in live if r["runner_slots"] > 0},
+        runner_ids={r["pool_id"]: list(r["runner_ids"]) for r in live if r["runner_slots"] > 0},
         ungranted_logins={r["pool_id"]: list(r["ungranted_logins"]) for r in live
                           if r["ungranted_logins"]},
     )
@@ -155,27 +166,33 @@ def reasons_for(job: dict[str, Any], world: World,
         else:
             out.append(Reason("no_authorized_runner", f"no live runner serves pool {pool['name']}",
                               {"pool": pool["name"], "ungranted_logins": []}))
+    # capacity_* and target_held carry "holders": the Jobs page filter that lists the jobs
+    # holding that capacity (GET /jobs/?state=running&organization=NAME…, webapp/jobs.py)
     if org["running"] >= org["max_running"]:
         out.append(Reason("capacity_organization",
                           f"organization {org['name']}: {org['running']} of {org['max_running']} running",
                           {"organization": org["name"], "running": org["running"],
-                           "limit": org["max_running"]}))
+                           "limit": org["max_running"],
+                           "holders": {"organization": org["name"]}}))
     if project["max_running"] is not None and project["running"] >= project["max_running"]:
         out.append(Reason("capacity_project",
                           f"project {project['name']}: {project['running']} of {project['max_running']} running",
                           {"project": project["name"], "running": project["running"],
-                           "limit": project["max_running"]}))
+                           "limit": project["max_running"],
+                           "holders": {"project": project["name"]}}))
     if pool["running"] >= pool["slots"]:
         out.append(Reason("capacity_pool",
-                          f"pool {pool['name']}: {pool['running']} of {pool['slots']} slots",
-                          {"pool": pool["name"], "running": pool["running"], "slots": pool["slots"]}))
+                          f"pool {pool['name']}: {pool['running']} of {pool['slots']} pool slots taken",
+                          {"pool": pool["name"], "running": pool["running"], "slots": pool["slots"],
+                           "holders": {"pool": pool["name"]}}))
     if target is not None and target["state"] == "held" and target["holder_job_id"] != job["id"]:
         out.append(Reason("target_held",
                           f"target {target['name']} held by job {target['holder_job_id']} "
                           f"(project {target['holder_project']}) since {_hhmm(target['held_since'])}",
                           {"target": target["name"], "holder_job_id": target["holder_job_id"],
                            "holder_project": target["holder_project"],
-                           "since": target["held_since"].isoformat()}))
+                           "since": target["held_since"].isoformat(),
+                           "holders": {"target": target["name"]}}))
     if target is not None and target["state"] == "uncertain":
         out.append(Reason("target_uncertain",
                           f"target {target['name']} is uncertain: job {target['holder_job_id']} "
@@ -183,19 +200,29 @@ def reasons_for(job: dict[str, Any], world: World,
                           f"operator must resolve it",
                           {"target": target["name"], "holder_job_id": target["holder_job_id"]}))
     if not out:
+        # Runner slots (what the live runners serving the pool can run at once, whatever the
+        # pool of each job they run) are not pool slots (pools.slots, what the pool admits):
+        # a job with room under every limit still waits while every runner is busy, maybe
+        # with jobs of other pools (found by a fresh-user run: "next in line" was said of
+        # every queued job while 4 of 4 runner slots were busy and the pool had 0 of 2 taken).
         slots, free = world.runner_slots.get(job["pool_id"], (0, 0))
+        runners = world.runner_ids.get(job["pool_id"], [])
         if slots and not free:
-            # every limit has room, but every live runner of the pool is busy: it is claimed
-            # when one of them finishes a job (found by a fresh-user run: "next in line" was
-            # said of every queued job while 5 of 5 runner slots were busy)
-            out.append(Reason("ready",
-                              f"ready: every runner of pool {pool['name']} is busy "
-                              f"({slots} of {slots} runner slots); claimed when one frees",
-                              {"pool": pool["name"], "runner_slots": slots, "free_runner_slots": 0}))
+            n = len(runners)
+            out.append(Reason("runners_busy",
+                              f"every runner serving pool {pool['name']} is busy: {slots} of {slots} "
+                              f"runner slots running jobs on {n} runner{'s' if n != 1 else ''} "
+                              f"(pool slots: {pool['running']} of {pool['slots']} taken); claimed "
+                              f"when a runner slot frees",
+                              {"pool": pool["name"], "runner_slots": slots, "free_runner_slots": 0,
+                               "pool_running": pool["running"], "pool_slots": pool["slots"],
+                               "runner_ids": runners}))
         else:
-            out.append(Reason("ready", "ready: next in line for a runner of pool " + pool["name"],
+            out.append(Reason("ready",
+                              f"next in line for a runner of pool {pool['name']} "
+                              f"({free} of {slots} runner slots free)",
                               {"pool": pool["name"], "runner_slots": slots,
-                               "free_runner_slots": free}))
+                               "free_runner_slots": free, "runner_ids": runners}))
     return out
 
 
@@ -227,31 +254,99 @@ def explain_job(conn, *, job_id: int, live_seconds: float = 90.0) -> dict[str, A
             "reasons": [r.as_dict() for r in reasons]}
 
 
-def summary_reason_counts(summaries: list[dict[str, Any]], world: World) -> dict[str, int]:
-    """Waiting jobs counted by their first reason, from the per-(project, pool) summary.
+def _group_codes(s: dict[str, Any], world: World) -> list[str] | None:
+    """The reasons every waiting job of summary row ``s``'s (project, pool) shares (codes of
+    GROUP_REASONS in precedence order), or ``[runners_busy]`` / ``[ready]`` when none holds;
+    None for a project that is gone."""
+    if s["project_id"] not in world.projects or s["pool_id"] not in world.pools:
+        return None
+    probe = {"id": 0, "state": "queued", "project_id": s["project_id"], "pool_id": s["pool_id"],
+             "target_id": None, "ready_at": world.now, "pending_dependencies": 0}
+    return [r.code for r in reasons_for(probe, world) if r.code != "retry_delayed"]
 
-    Blocked jobs split by their durable blocker; delayed jobs are ``retry_delayed``; the
-    ready ones of a (project, pool) take the first group-level reason that holds (paused,
-    no runner, capacity), else those waiting on their target count as such, the rest ``ready``.
+
+def summary_reason_counts(summaries: list[dict[str, Any]], world: World) -> dict[str, int]:
+    """Waiting jobs counted by their first (primary) reason, from the per-(project, pool)
+    summary: ``{code: n}`` for every code of REASON_CODES; the counts sum to the waiting jobs.
+
+    Blocked jobs split by their durable blocker; in a paused project every queued job is
+    ``project_paused``; otherwise delayed jobs are ``retry_delayed``, and the ready ones of a
+    (project, pool) take the first group-level reason that holds (no runner, capacity), else
+    those waiting on their target count as such, the rest ``runners_busy`` or ``ready``.
     """
     counts = {code: 0 for code in REASON_CODES}
     for s in summaries:
         counts["dependency_pending"] += s["blocked_dependency"]
         counts["approval_required"] += s["blocked_approval"]
-        project = world.projects.get(s["project_id"])
-        if project is None:
+        codes = _group_codes(s, world)
+        if codes is None:
             continue
-        if project["paused_at"] is not None:
+        if codes[0] == "project_paused":
             counts["project_paused"] += s["queued_delayed"] + s["queued_ready"]
             continue
         counts["retry_delayed"] += s["queued_delayed"]
-        probe = {"id": 0, "state": "queued", "project_id": s["project_id"], "pool_id": s["pool_id"],
-                 "target_id": None, "ready_at": world.now, "pending_dependencies": 0}
-        code = reasons_for(probe, world)[0].code
-        if code == "ready":
+        if codes[0] in LAST_REASONS:
             counts["target_held"] += s["target_held"]
             counts["target_uncertain"] += s["target_uncertain"]
-            counts["ready"] += s["queued_ready"] - s["target_held"] - s["target_uncertain"]
+            counts[codes[0]] += s["queued_ready"] - s["target_held"] - s["target_uncertain"]
         else:
-            counts[code] += s["queued_ready"]
+            counts[codes[0]] += s["queued_ready"]
     return counts
+
+
+def summary_any_reason_counts(summaries: list[dict[str, Any]], world: World) -> dict[str, int]:
+    """Waiting jobs counted under every reason that holds for them (as ``reasons_for`` lists
+    them, so the same as the queue's reason filter), from the per-(project, pool) summary:
+    ``{code: n}`` for every code of REASON_CODES. A job with several reasons is counted once
+    under each, so the counts may sum to more than the waiting jobs.
+
+    A group-level reason (paused, no runner, capacity) holds for every waiting job of its
+    (project, pool): blocked, delayed and ready alike. ``runners_busy`` / ``ready`` is what
+    a ready job with no other reason has.
+    """
+    counts = {code: 0 for code in REASON_CODES}
+    for s in summaries:
+        counts["dependency_pending"] += s["blocked_dependency"]
+        counts["approval_required"] += s["any_approval"]
+        counts["target_held"] += s["any_target_held"]
+        counts["target_uncertain"] += s["any_target_uncertain"]
+        codes = _group_codes(s, world)
+        if codes is None:
+            continue
+        counts["retry_delayed"] += s["queued_delayed"]
+        if codes[0] in LAST_REASONS:
+            counts[codes[0]] += s["queued_ready"] - s["target_held"] - s["target_uncertain"]
+        else:
+            waiting = (s["blocked_dependency"] + s["blocked_approval"] + s["queued_ready"]
+                       + s["queued_delayed"])
+            for code in codes:
+                counts[code] += waiting
+    return counts
+
+
+def summary_oldest_waiting(summaries: list[dict[str, Any]],
+                           world: World) -> dict[tuple[str, str], dt.datetime]:
+    """The oldest "waiting since" per (pool name, primary reason), from the summary rows
+    (which carry the pool's name): only pairs with a waiting job. Waiting since is the
+    ``created_at`` of a blocked job, the ``ready_at`` of a queued ready one; a delayed job is
+    not waiting yet (``retry_delayed`` has no entry), nor is a lost deployment counted here
+    (``pgdispatch_uncertain_targets`` says it)."""
+    out: dict[tuple[str, str], dt.datetime] = {}
+
+    def put(pool: str, code: str, ts: dt.datetime | None) -> None:
+        if ts is not None and ((pool, code) not in out or ts < out[(pool, code)]):
+            out[(pool, code)] = ts
+
+    for s in summaries:
+        put(s["pool"], "dependency_pending", s["oldest_dependency_at"])
+        put(s["pool"], "approval_required", s["oldest_approval_at"])
+        codes = _group_codes(s, world)
+        if codes is None:
+            continue
+        if codes[0] in LAST_REASONS:
+            put(s["pool"], "target_held", s["oldest_target_held_at"])
+            put(s["pool"], "target_uncertain", s["oldest_target_uncertain_at"])
+            put(s["pool"], codes[0], s["oldest_free_at"])
+        else:
+            put(s["pool"], codes[0], s["oldest_ready_at"])
+    return out

@@ -6,7 +6,8 @@ from typing import Any
 
 from .db import transition
 from .errors import NotFound
-from .explain import read_world, reasons_for, summary_reason_counts
+from .explain import (read_world, reasons_for, summary_any_reason_counts, summary_oldest_waiting,
+                      summary_reason_counts)
 from .queries import Q
 
 
@@ -29,29 +30,41 @@ def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str 
                  live_seconds: float = 90.0) -> dict[str, Any]:
     """Waiting jobs (blocked, queued, uncertain) by id after ``after_id``, each with its reasons.
 
-    With ``reason``, only jobs whose first reason has that code are returned (the scan goes on
-    page by page until ``limit`` match or the queue ends).
+    With ``reason``, only jobs that have that reason among theirs are returned, whether it is
+    their first (primary) one or not: an approval behind a dependency is listed under
+    ``approval_required`` too (the scan goes on page by page until ``limit`` match or the
+    queue ends).
 
     Returns:
-        {"jobs": [job + "reasons"], "next_after_id": id or None}.
+        {"jobs": [job + "reasons" (each {"code", "message", "details", "is_primary",
+        "is_match"}) + "reason" (the primary code) + "matched_reason" (``reason``, or None)],
+        "next_after_id": id or None}.
     """
     world = read_world(conn, live_seconds=live_seconds)
     out: list[dict[str, Any]] = []
     cursor = after_id
+    batch_size = max(limit, 200) if reason else limit
     while len(out) < limit:
-        batch = list(Q.list_waiting_jobs(conn, after_id=cursor, limit=max(limit, 200) if reason else limit,
+        batch = list(Q.list_waiting_jobs(conn, after_id=cursor, limit=batch_size,
                                          organization=organization, project=project, pool=pool))
         if not batch:
             cursor = None
             break
         for job in batch:
             cursor = job["id"]
-            job["reasons"] = [r.as_dict() for r in reasons_for(job, world)]
-            if reason is None or job["reasons"][0]["code"] == reason:
-                out.append(job)
-                if len(out) == limit:
-                    break
-        if len(batch) < (max(limit, 200) if reason else limit) and len(out) < limit:
+            reasons = [r.as_dict() for r in reasons_for(job, world)]
+            if reason is not None and not any(r["code"] == reason for r in reasons):
+                continue
+            for i, r in enumerate(reasons):
+                r["is_primary"] = i == 0
+                r["is_match"] = r["code"] == reason
+            job["reasons"] = reasons
+            job["reason"] = reasons[0]["code"]
+            job["matched_reason"] = reason
+            out.append(job)
+            if len(out) == limit:
+                break
+        if len(batch) < batch_size and len(out) < limit:
             cursor = None
             break
     return {"jobs": out, "next_after_id": cursor if out and cursor else None}
@@ -59,20 +72,48 @@ def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str 
 
 @transition("overview")
 def overview(conn, *, live_seconds: float = 90.0) -> dict[str, Any]:
-    """What the overview page shows: capacity per organization and pool, waiting jobs by
-    reason (from the queue summary, with its age in seconds), targets uncertain first, and
-    jobs by state: blocked and queued from the same summary, running and uncertain exact,
-    succeeded / failed / cancelled finished in the last hour.
+    """What the overview page (and the web's /metrics) shows.
+
+    Returns a dict:
+        now; organizations, projects, pools (each with running, and a pool with
+        ``runner_slots``, ``free_runner_slots``, ``live_runners`` of its live runners and
+        ``waiting``: its blocked and queued jobs); targets (uncertain first);
+        ``paused_projects`` (with paused_by, paused_at, pause_reason);
+        ``reason_counts`` (waiting jobs under every reason that holds for them),
+        ``primary_counts`` (under their first reason only: these sum to ``waiting``),
+        ``waiting``; ``oldest_waiting``: [{"pool", "reason" (primary), "since",
+        "seconds"}] for every pair with a waiting job, oldest first; ``summary_age_seconds``
+        (of the oldest summary row, None before the first refresh); ``jobs_by_state``:
+        blocked and queued from the summary, running and uncertain exact, succeeded / failed
+        / cancelled finished in the last hour; runners.
 
     Its cost does not grow with the queue or the history: every query reads the small tables,
     the summary, or an index range bounded by capacity or by one hour of completions
     (docs/benchmarks.md, "Latency at size")."""
     world = read_world(conn, live_seconds=live_seconds)
     summaries = list(Q.read_queue_summaries(conn))
-    counts = summary_reason_counts(summaries, world)
+    primary = summary_reason_counts(summaries, world)
+    every = summary_any_reason_counts(summaries, world)
+    # a lost deployment waits for its target's resolution only (explain.reasons_for)
     uncertain_jobs = sum(1 for t in world.targets.values() if t["state"] == "uncertain")
-    counts["target_uncertain"] += uncertain_jobs
+    primary["target_uncertain"] += uncertain_jobs
+    every["target_uncertain"] += uncertain_jobs
+    oldest = [{"pool": pool, "reason": code, "since": since,
+               "seconds": max((world.now - since).total_seconds(), 0.0)}
+              for (pool, code), since in summary_oldest_waiting(summaries, world).items()]
+    oldest.sort(key=lambda o: (o["since"], o["pool"], o["reason"]))
     ages = [s["age_seconds"] for s in summaries]
+    waiting_by_pool: dict[int, int] = {}
+    for s in summaries:
+        waiting_by_pool[s["pool_id"]] = waiting_by_pool.get(s["pool_id"], 0) + (
+            s["blocked_dependency"] + s["blocked_approval"] + s["queued_ready"] + s["queued_delayed"])
+    pools = []
+    for p in world.pools.values():
+        slots, free = world.runner_slots.get(p["id"], (0, 0))
+        pools.append({**p, "runner_slots": slots, "free_runner_slots": free,
+                      "live_runners": len(world.runner_ids.get(p["id"], [])),
+                      "waiting": waiting_by_pool.get(p["id"], 0)})
+    projects = list(world.projects.values())
     by_state = {
         "blocked": sum(s["blocked_dependency"] + s["blocked_approval"] for s in summaries),
         "queued": sum(s["queued_ready"] + s["queued_delayed"] for s in summaries),
@@ -81,9 +122,15 @@ def overview(conn, *, live_seconds: float = 90.0) -> dict[str, Any]:
     return {
         "now": world.now,
         "organizations": list(world.organizations.values()),
-        "pools": list(world.pools.values()),
+        "projects": projects,
+        "paused_projects": sorted((p for p in projects if p["paused_at"] is not None),
+                                  key=lambda p: p["paused_at"]),
+        "pools": pools,
         "targets": list(world.targets.values()),
-        "reason_counts": counts,
+        "reason_counts": every,
+        "primary_counts": primary,
+        "waiting": sum(primary.values()),
+        "oldest_waiting": oldest,
         "summary_age_seconds": max(ages) if ages else None,
         "jobs_by_state": by_state,
         "runners": list(Q.list_runners(conn, live_seconds=live_seconds)),

@@ -54,8 +54,11 @@ SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_
 -- now, with those runners' slots and how many of them are free (slots minus running
 -- attempts, per runner; a runner serving several pools counts its free slots for each), and
 -- the logins of live runners that ask for the pool without its grant (ungranted_logins).
--- A pool only such runners ask for has runner_slots 0. Read-only.
+-- A pool only such runners ask for has runner_slots 0. runner_ids: the granted live runners,
+-- by id (whose running jobs hold the runner slots: the holder links of runners_busy).
+-- Read-only.
 SELECT p.pool_id,
+       coalesce(array_agg(r.id ORDER BY r.id) FILTER (WHERE g.is_granted), '{}') AS runner_ids,
        coalesce(sum(r.slots) FILTER (WHERE g.is_granted), 0)::integer AS runner_slots,
        coalesce(sum(greatest(r.slots - a.n, 0)) FILTER (WHERE g.is_granted), 0)::integer AS free_runner_slots,
        ARRAY(SELECT DISTINCT u FROM unnest(array_agg(r.login) FILTER (WHERE NOT g.is_granted)) u

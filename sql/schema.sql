@@ -300,6 +300,21 @@ CREATE TABLE queue_summaries (
     blocked_approval integer NOT NULL,
     oldest_ready_at timestamptz,
     refreshed_at    timestamptz NOT NULL,
+    -- for counting every reason of a job (sql/explain.py summary_any_reason_counts): waiting
+    -- jobs (blocked or queued, delayed too) awaiting approval, also behind a dependency;
+    -- whose target is held by another deployment; whose target is uncertain
+    any_approval    integer NOT NULL DEFAULT 0,
+    any_target_held integer NOT NULL DEFAULT 0,
+    any_target_uncertain integer NOT NULL DEFAULT 0,
+    -- the oldest "waiting since" of each class of jobs sharing a primary reason (created_at of
+    -- a blocked job, ready_at of a queued ready one; delayed jobs are not waiting yet):
+    -- blocked_dependency, blocked_approval, the queued ready ones whose target is held, is
+    -- uncertain, or neither (oldest_free_at)
+    oldest_dependency_at timestamptz,
+    oldest_approval_at timestamptz,
+    oldest_target_held_at timestamptz,
+    oldest_target_uncertain_at timestamptz,
+    oldest_free_at  timestamptz,
     PRIMARY KEY (project_id, pool_id)
 );
 

@@ -49,6 +49,10 @@ class Claim:
     # whether the claim that took it saw more work waiting for this runner (pgd_more_waiting:
     # a hint; False for a recovered claim), not part of what the claim is
     more_waiting: bool = dataclasses.field(default=False, compare=False)
+    # the pool's name and how long the job waited, ready_at to claimed_at (seconds), as the
+    # claim answered them (None for a recovered claim): the wait-time histogram's observation
+    pool: str | None = dataclasses.field(default=None, compare=False)
+    wait_seconds: float | None = dataclasses.field(default=None, compare=False)
 
     @property
     def is_deployment(self) -> bool:
@@ -88,7 +92,8 @@ def _claim_from(row: dict[str, Any], claim_token: str) -> Claim:
                  generation=row["generation"], lease_expires_at=row["lease_expires_at"],
                  project_id=row["project_id"], pool_id=row["pool_id"], target_id=row["target_id"],
                  command=list(row["command"]), timeout_seconds=row["timeout_seconds"],
-                 claim_token=str(claim_token), more_waiting=bool(row.get("more_waiting")))
+                 claim_token=str(claim_token), more_waiting=bool(row.get("more_waiting")),
+                 pool=row.get("pool"), wait_seconds=row.get("wait_seconds"))
 
 
 @transition("claim", one_statement=True)

@@ -1,18 +1,64 @@
-"""``/metrics`` (Prometheus text) and ``/healthz``; both public, both read-only."""
+"""``/metrics`` (Prometheus text) and ``/healthz``; both public, both read-only.
+
+The web process exports what the database knows, read at scrape time from one overview
+read (the small tables and the queue summary: its cost does not grow with the queue), and
+the few things it measures itself: its transaction retries and statement deadlines
+(sql/db.py) and the process's own ``process_*``/``python_*``. Claims, lease expiries and wait
+times are measured by the schedulers, on their own endpoints (scheduler/metrics.py); this
+one never exports them.
+
+=============================================  ===============================================
+``pgdispatch_queue_depth{reason}``             waiting jobs under every reason that holds for
+                                               them (a job with two reasons counts in both)
+``pgdispatch_queue_primary_depth{reason}``     under their first (primary) reason only
+``pgdispatch_queue_waiting``                   waiting jobs (the sum of the primary depths)
+``pgdispatch_oldest_waiting_seconds``          age of the oldest waiting job of the pool whose
+``{pool,reason}``                              primary reason is that one (only pairs with a
+                                               waiting job; delayed retries are not waiting)
+``pgdispatch_pool_waiting{pool}``              blocked and queued jobs of the pool
+``pgdispatch_pool_live_runners{pool}``         live, non-draining runners granted the pool
+``pgdispatch_pool_running{pool}``              jobs holding a slot of the pool
+``pgdispatch_pool_slots{pool}``                the pool's slots (pool slots, not runner slots)
+``pgdispatch_pool_runner_slots{pool}``         slots of the pool's live runners
+``pgdispatch_organization_running``            jobs running per organization, and its limit
+``/_max_running{organization}``
+``pgdispatch_uncertain_targets``               targets whose deployment outcome is unknown
+``pgdispatch_jobs{state}``                     jobs by state (finished ones: the last hour)
+``pgdispatch_runners_live``                    runners with a recent heartbeat
+``pgdispatch_queue_summary_age_seconds``       age of the oldest queue summary row
+``pgdispatch_transaction_retries_total``       this process's retried transactions
+``{name,sqlstate}``
+``pgdispatch_statement_deadlines_total``       this process's statements past the deadline
+=============================================  ===============================================
+"""
 
 from __future__ import annotations
 
 from flask import Blueprint, Response, current_app, jsonify
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, GCCollector,
+                               PlatformCollector, ProcessCollector, generate_latest)
 from prometheus_client.core import GaugeMetricFamily
 
-import pgdispatch.sql.metrics  # noqa: F401  (registers the shared counters in the default registry)
+import pgdispatch.sql.metrics as shared
 from pgdispatch.sql import DatabaseUnavailable, reads
 from pgdispatch.sql.db import ping_database
 
 from .db import get_conn
 
 bp = Blueprint("metrics", __name__)
+
+# What this process measures: one registry, not the process-wide default (which holds every
+# shared sql counter, the claim histogram too, whether or not this process ever claims).
+_OWN = CollectorRegistry(auto_describe=True)
+for _metric in (shared.TRANSACTION_RETRIES, shared.STATEMENT_DEADLINES):
+    _OWN.register(_metric)
+ProcessCollector(registry=_OWN)
+PlatformCollector(registry=_OWN)
+GCCollector(registry=_OWN)
+
+
+def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
 
 
 class _StateCollector:
@@ -23,54 +69,77 @@ class _StateCollector:
 
     def collect(self):
         d = self.data
-        depth = GaugeMetricFamily("pgdispatch_queue_depth",
-                                  "Waiting jobs by their first reason (from the queue summary).",
-                                  labels=["reason"])
+        depth = _gauge("pgdispatch_queue_depth",
+                       "Waiting jobs under every reason that holds for them (from the queue "
+                       "summary); a job with several reasons counts under each.", ["reason"])
         for code, n in d["reason_counts"].items():
             depth.add_metric([code], n)
         yield depth
-        age = GaugeMetricFamily("pgdispatch_queue_summary_age_seconds",
-                                "Age of the oldest queue summary row, in seconds.")
+        primary = _gauge("pgdispatch_queue_primary_depth",
+                         "Waiting jobs by their first (primary) reason; these sum to "
+                         "pgdispatch_queue_waiting.", ["reason"])
+        for code, n in d["primary_counts"].items():
+            primary.add_metric([code], n)
+        yield primary
+        waiting = _gauge("pgdispatch_queue_waiting", "Waiting jobs (blocked, queued, uncertain).")
+        waiting.add_metric([], d["waiting"])
+        yield waiting
+        oldest = _gauge("pgdispatch_oldest_waiting_seconds",
+                        "Age in seconds of the oldest waiting job of the pool whose primary "
+                        "reason is this one (waiting since ready_at, or created_at when "
+                        "blocked).", ["pool", "reason"])
+        for o in d["oldest_waiting"]:
+            oldest.add_metric([o["pool"], o["reason"]], o["seconds"])
+        yield oldest
+        age = _gauge("pgdispatch_queue_summary_age_seconds",
+                     "Age of the oldest queue summary row, in seconds.")
         if d["summary_age_seconds"] is not None:
             age.add_metric([], d["summary_age_seconds"])
         yield age
-        org_running = GaugeMetricFamily("pgdispatch_organization_running",
-                                        "Jobs running per organization.", labels=["organization"])
-        org_limit = GaugeMetricFamily("pgdispatch_organization_max_running",
-                                      "Concurrency limit per organization.", labels=["organization"])
+        org_running = _gauge("pgdispatch_organization_running", "Jobs running per organization.",
+                             ["organization"])
+        org_limit = _gauge("pgdispatch_organization_max_running",
+                           "Concurrency limit per organization.", ["organization"])
         for o in d["organizations"]:
             org_running.add_metric([o["name"]], o["running"])
             org_limit.add_metric([o["name"]], o["max_running"])
         yield org_running
         yield org_limit
-        pool_running = GaugeMetricFamily("pgdispatch_pool_running", "Jobs running per pool.",
-                                         labels=["pool"])
-        pool_slots = GaugeMetricFamily("pgdispatch_pool_slots", "Slots per pool.", labels=["pool"])
-        for p in d["pools"]:
-            pool_running.add_metric([p["name"]], p["running"])
-            pool_slots.add_metric([p["name"]], p["slots"])
-        yield pool_running
-        yield pool_slots
-        uncertain = GaugeMetricFamily("pgdispatch_uncertain_targets",
-                                      "Targets whose deployment outcome is unknown.")
+        per_pool = {
+            "pgdispatch_pool_waiting": ("Blocked and queued jobs per pool.", "waiting"),
+            "pgdispatch_pool_live_runners": ("Live, non-draining runners granted the pool.",
+                                             "live_runners"),
+            "pgdispatch_pool_running": ("Jobs running per pool (holding a pool slot).", "running"),
+            "pgdispatch_pool_slots": ("Pool slots: how many jobs the pool admits at once.", "slots"),
+            "pgdispatch_pool_runner_slots": ("Runner slots: what the pool's live runners run at "
+                                             "once, jobs of any of their pools.", "runner_slots"),
+        }
+        for name, (doc, key) in per_pool.items():
+            family = _gauge(name, doc, ["pool"])
+            for p in d["pools"]:
+                family.add_metric([p["name"]], p[key])
+            yield family
+        uncertain = _gauge("pgdispatch_uncertain_targets",
+                           "Targets whose deployment outcome is unknown.")
         uncertain.add_metric([], sum(1 for t in d["targets"] if t["state"] == "uncertain"))
         yield uncertain
-        jobs = GaugeMetricFamily("pgdispatch_jobs", "Jobs by state; succeeded, failed and cancelled: finished in the last hour.", labels=["state"])
+        jobs = _gauge("pgdispatch_jobs", "Jobs by state; succeeded, failed and cancelled: "
+                      "finished in the last hour.", ["state"])
         for state, n in sorted(d["jobs_by_state"].items()):
             jobs.add_metric([state], n)
         yield jobs
-        live = GaugeMetricFamily("pgdispatch_runners_live", "Runners with a recent heartbeat.")
+        live = _gauge("pgdispatch_runners_live", "Runners with a recent heartbeat.")
         live.add_metric([], sum(1 for r in d["runners"] if r["is_live"]))
         yield live
 
 
 @bp.get("/metrics")
 def metrics():
-    """This process's counters (sql.metrics) plus gauges read from the database now."""
+    """This process's own counters plus gauges read from the database now."""
     data = reads.overview(get_conn(), live_seconds=current_app.config["RUNNER_LIVE_SECONDS"])
     scrape = CollectorRegistry(auto_describe=False)
     scrape.register(_StateCollector(data))
-    return Response(generate_latest(REGISTRY) + generate_latest(scrape),
+    return Response(generate_latest(_OWN) + generate_latest(scrape),
                     mimetype=CONTENT_TYPE_LATEST.split(";")[0],
                     headers={"Content-Type": CONTENT_TYPE_LATEST})
 

@@ -20,4 +20,4 @@ def index():
     uncertain = [t for t in data["targets"] if t["state"] == "uncertain"]
     return render_view("overview/index.html", "overview/_summary.html", data=data,
                        uncertain=uncertain, reason_codes=REASON_CODES,
-                       waiting=sum(data["reason_counts"].values()))
+                       waiting=data["waiting"])

@@ -348,7 +348,8 @@ $$;
 -- fence) is bumped and the attempt inserted with its lease of p_lease_seconds and the
 -- caller's claim token; last, the token is checked against the tombstones under its lock
 -- (so that a caller that lost the answer can settle whether it committed: the header).
--- more_waiting: whether more work looked waiting for this runner (pgd_more_waiting).
+-- more_waiting: whether more work looked waiting for this runner (pgd_more_waiting); pool:
+-- the pool's name; wait_seconds: ready_at to claimed_at (the job's wait, seconds).
 -- A second pass runs only when the first passed a project over for a reason the second can
 -- settle (a bound met under the shared lock, or a fairer project found).
 CREATE OR REPLACE FUNCTION pgd_claim(p_runner_id bigint, p_pool_ids bigint[], p_claim_token uuid,
@@ -356,7 +357,7 @@ CREATE OR REPLACE FUNCTION pgd_claim(p_runner_id bigint, p_pool_ids bigint[], p_
 RETURNS TABLE (job_id bigint, attempt_id bigint, attempt_no integer, generation bigint,
                lease_expires_at timestamptz, project_id bigint, pool_id bigint,
                target_id bigint, command text[], timeout_seconds integer,
-               more_waiting boolean)
+               more_waiting boolean, pool text, wait_seconds double precision)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -480,9 +481,13 @@ BEGIN
             -- the claim token lock and the tombstone check: last, held only until the commit
             PERFORM pgd_check_tombstones(ARRAY[p_claim_token]);
 
+            -- the pool's name and how long the job waited (ready_at to claimed_at, seconds),
+            -- for the scheduler's wait-time histogram (scheduler/metrics.py)
             RETURN QUERY SELECT v_job.id, v_attempt, v_job.attempts_made, v_job.generation, v_lease,
                                 v_job.project_id, v_job.pool_id, v_job.target_id, v_job.command,
-                                v_job.timeout_seconds, pgd_more_waiting(c.k < c.n, c.project_id, c.pool_id);
+                                v_job.timeout_seconds, pgd_more_waiting(c.k < c.n, c.project_id, c.pool_id),
+                                (SELECT q.name FROM pools q WHERE q.id = v_job.pool_id),
+                                extract(epoch FROM v_claimed - v_job.ready_at)::float8;
             RETURN;
         EXCEPTION WHEN SQLSTATE 'PDSKP' THEN
             NULL;  -- lost a race for this candidate; its locks went with the subtransaction
@@ -506,7 +511,7 @@ CREATE OR REPLACE FUNCTION pgd_claim_batch(p_runner_id bigint, p_pool_ids bigint
 RETURNS TABLE (job_id bigint, attempt_id bigint, attempt_no integer, generation bigint,
                lease_expires_at timestamptz, project_id bigint, pool_id bigint,
                target_id bigint, command text[], timeout_seconds integer, claim_token uuid,
-               more_waiting boolean)
+               more_waiting boolean, pool text, wait_seconds double precision)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 DECLARE
@@ -633,7 +638,9 @@ BEGIN
                 RETURNING attempts.id, attempts.job_id, attempts.claim_token
             )
             SELECT n.id, i.id, n.attempts_made, n.generation, v_lease, n.project_id, n.pool_id,
-                   n.target_id, n.command, n.timeout_seconds, i.claim_token, v_more
+                   n.target_id, n.command, n.timeout_seconds, i.claim_token, v_more,
+                   (SELECT q.name FROM pools q WHERE q.id = c.pool_id),
+                   extract(epoch FROM v_claimed - n.ready_at)::float8
               FROM numbered n JOIN inserted i ON i.job_id = n.id
              ORDER BY n.n;
             -- as in pgd_claim; every token passed, the first one's lock (the header)

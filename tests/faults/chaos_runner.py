@@ -115,7 +115,7 @@ CREATE OR REPLACE FUNCTION pgd_claim(p_runner_id bigint, p_pool_ids bigint[],
 RETURNS TABLE (job_id bigint, attempt_id bigint, attempt_no integer, generation bigint,
                lease_expires_at timestamptz, project_id bigint, pool_id bigint,
                target_id bigint, command text[], timeout_seconds integer,
-               more_waiting boolean)
+               more_waiting boolean, pool text, wait_seconds double precision)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -188,7 +188,7 @@ BEGIN
         RETURNING id INTO v_attempt;
         RETURN QUERY SELECT v_job.id, v_attempt, v_job.attempts_made, v_job.generation, v_lease,
                             v_job.project_id, v_job.pool_id, v_job.target_id, v_job.command,
-                            v_job.timeout_seconds, false;
+                            v_job.timeout_seconds, false, NULL::text, NULL::float8;
     EXCEPTION WHEN SQLSTATE 'PDSKP' THEN
         RETURN;
     END;

@@ -127,7 +127,8 @@ def test_capacity_organization_with_numbers(world):
     job = world.job()
     code, message, details, _ = explain(world, job["id"])
     assert (code, message) == ("capacity_organization", "organization acme: 5 of 5 running")
-    assert details == {"organization": "acme", "running": 5, "limit": 5}
+    assert details == {"organization": "acme", "running": 5, "limit": 5,
+                       "holders": {"organization": "acme"}}
 
 
 def test_capacity_project_with_numbers(world):
@@ -137,7 +138,7 @@ def test_capacity_project_with_numbers(world):
     job = world.job()
     code, message, details, _ = explain(world, job["id"])
     assert (code, message) == ("capacity_project", "project web: 2 of 2 running")
-    assert details == {"project": "web", "running": 2, "limit": 2}
+    assert details == {"project": "web", "running": 2, "limit": 2, "holders": {"project": "web"}}
 
 
 def test_capacity_pool_with_numbers(world):
@@ -146,8 +147,8 @@ def test_capacity_pool_with_numbers(world):
     fill(world, runner, 8)
     job = world.job()
     code, message, details, _ = explain(world, job["id"])
-    assert (code, message) == ("capacity_pool", "pool linux: 8 of 8 slots")
-    assert details == {"pool": "linux", "running": 8, "slots": 8}
+    assert (code, message) == ("capacity_pool", "pool linux: 8 of 8 pool slots taken")
+    assert details == {"pool": "linux", "running": 8, "slots": 8, "holders": {"pool": "linux"}}
 
 
 def test_target_held_names_the_holder_and_its_project(world):
@@ -160,6 +161,7 @@ def test_target_held_names_the_holder_and_its_project(world):
     assert re.fullmatch(rf"target production held by job {holder.job_id} \(project web\) since {HHMMSS}",
                         message), message
     assert details["holder_job_id"] == holder.job_id and details["holder_project"] == "web"
+    assert details["holders"] == {"target": "production"}
 
 
 def test_target_uncertain_for_the_lost_deployment_and_for_the_next_one(world):
@@ -181,29 +183,34 @@ def test_target_uncertain_for_the_lost_deployment_and_for_the_next_one(world):
 
 def test_ready(world):
     world.setup()
-    world.runner()
+    runner = world.runner()
     job = world.job()
-    assert explain(world, job["id"])[:3] == ("ready", "ready: next in line for a runner of pool linux",
-                                             {"pool": "linux", "runner_slots": 4, "free_runner_slots": 4})
+    assert explain(world, job["id"])[:3] == ("ready", "next in line for a runner of pool linux "
+                                                      "(4 of 4 runner slots free)",
+                                             {"pool": "linux", "runner_slots": 4, "free_runner_slots": 4,
+                                              "runner_ids": [runner]})
 
 
-def test_ready_says_when_every_runner_of_the_pool_is_busy(world):
+def test_runners_busy_when_every_runner_of_the_pool_is_busy(world):
     """Limits with room, but the pool's live runners (2 and 1 slots, one also serving mac)
-    have every slot running a job: the job is claimed when one frees, not "next in line".
-    A draining runner's free slots do not count; one slot freed anywhere makes it next."""
+    have every slot running a job: the job waits for a runner slot (runners_busy, formerly
+    "ready"), and the message tells runner slots from pool slots. A draining runner's free
+    slots do not count; one slot freed anywhere makes it next in line."""
     world.setup(pools=("linux", "mac"))
     small, shared = world.runner(slots=2), world.runner(pools=("linux", "mac"), slots=1)
     busy = fill(world, small, 2) + fill(world, shared, 1, pool="mac")
     spare = world.runner(slots=3)
     transitions.beat_runner(world.conn, runner_id=spare, is_draining=True)
     job = world.job()
-    assert explain(world, job["id"])[:3] == (
-        "ready", "ready: every runner of pool linux is busy (3 of 3 runner slots); claimed when one frees",
-        {"pool": "linux", "runner_slots": 3, "free_runner_slots": 0})
+    code, message, details, codes = explain(world, job["id"])
+    assert (code, codes) == ("runners_busy", ["runners_busy"])
+    assert message == ("every runner serving pool linux is busy: 3 of 3 runner slots running jobs "
+                       "on 2 runners (pool slots: 2 of 100 taken); claimed when a runner slot frees")
+    assert details == {"pool": "linux", "runner_slots": 3, "free_runner_slots": 0,
+                       "pool_running": 2, "pool_slots": 100, "runner_ids": sorted([small, shared])}
     world.complete(busy[2])
-    assert explain(world, job["id"])[:3] == (
-        "ready", "ready: next in line for a runner of pool linux",
-        {"pool": "linux", "runner_slots": 3, "free_runner_slots": 1})
+    assert explain(world, job["id"])[:2] == (
+        "ready", "next in line for a runner of pool linux (1 of 3 runner slots free)")
 
 
 def test_running_and_finished_jobs_have_no_reason(world):
@@ -242,7 +249,10 @@ def test_precedence_with_every_blocker_at_once_follows_design_order(world):
     assert codes == sorted(codes, key=REASON_CODES.index)
 
 
-def test_overview_counts_waiting_jobs_by_first_reason(world):
+def test_overview_counts_every_reason_and_the_primary_ones_as_the_jobs_explain_them(world):
+    """The summary's counts under every reason and under the primary (first) one, and the
+    oldest waiting per (pool, primary reason), equal what the waiting jobs' own explanations
+    give, one by one; the job waiting for a dependency and an approval counts under both."""
     world.apply({
         "organizations": [{"name": "acme", "max_running": 100}, {"name": "globex", "max_running": 0}],
         "pools": [{"name": "linux", "slots": 100}, {"name": "deploy", "slots": 100},
@@ -267,7 +277,7 @@ def test_overview_counts_waiting_jobs_by_first_reason(world):
     for _ in range(2):
         world.job()                                                      # ready
     world.job(delay_seconds=600)                                         # retry_delayed
-    world.job(depends_on=[build.job_id], requires_approval=True)         # dependency_pending
+    gated = world.job(depends_on=[build.job_id], requires_approval=True) # dependency_pending + approval
     world.job(requires_approval=True)                                    # approval_required
     world.job(pool="deploy", target="production")                        # target_held
     world.job(pool="deploy", target="staging")                           # target_uncertain (+ the lost one)
@@ -282,12 +292,35 @@ def test_overview_counts_waiting_jobs_by_first_reason(world):
     transitions.pause_project(world.conn, project="api", reason="freeze", actor="alice")
 
     transitions.summarize_queue(world.conn)
-    counts = reads.overview(world.conn)["reason_counts"]
-    assert counts == {
+    data = reads.overview(world.conn)
+    assert data["primary_counts"] == {
         "dependency_pending": 1, "approval_required": 1, "project_paused": 2, "retry_delayed": 1,
         "no_authorized_runner": 3, "capacity_organization": 1, "capacity_project": 1,
-        "capacity_pool": 2, "target_held": 1, "target_uncertain": 2, "ready": 2,
+        "capacity_pool": 2, "target_held": 1, "target_uncertain": 2, "runners_busy": 0, "ready": 2,
     }
-    # and each waiting job's own first reason agrees with the summary's count
-    firsts = [r["reasons"][0]["code"] for r in reads.list_waiting(world.conn, limit=100)["jobs"]]
-    assert {code: firsts.count(code) for code in REASON_CODES} == counts
+    assert data["reason_counts"]["approval_required"] == 2
+    assert data["waiting"] == sum(data["primary_counts"].values()) == 17
+    # each waiting job's own reasons agree with the summary's counts, both ways of counting
+    jobs = reads.list_waiting(world.conn, limit=100)["jobs"]
+    firsts = [j["reasons"][0]["code"] for j in jobs]
+    every = [r["code"] for j in jobs for r in j["reasons"]]
+    assert {code: firsts.count(code) for code in REASON_CODES} == data["primary_counts"]
+    assert {code: every.count(code) for code in REASON_CODES} == data["reason_counts"]
+    # and the filter lists a job under any of its reasons, saying which matched
+    approvals = reads.list_waiting(world.conn, reason="approval_required")["jobs"]
+    assert len(approvals) == 2 and gated["id"] in [j["id"] for j in approvals]
+    row = next(j for j in approvals if j["id"] == gated["id"])
+    assert (row["reason"], row["matched_reason"]) == ("dependency_pending", "approval_required")
+    assert [(r["code"], r["is_primary"], r["is_match"]) for r in row["reasons"]] == [
+        ("dependency_pending", True, False), ("approval_required", False, True)]
+    # the oldest waiting per (pool, primary reason): blocked since created, queued since ready;
+    # a delayed job is not waiting yet, a lost deployment is the uncertain target's
+    truth: dict = {}
+    for j in jobs:
+        if j["state"] == "uncertain" or j["ready_at"] > data["now"] and j["state"] == "queued":
+            continue
+        key = (j["pool"], j["reasons"][0]["code"])
+        since = j["created_at"] if j["state"] == "blocked" else j["ready_at"]
+        truth[key] = min(truth.get(key, since), since)
+    assert {(o["pool"], o["reason"]): o["since"] for o in data["oldest_waiting"]} == truth
+    assert all(o["seconds"] >= 0 for o in data["oldest_waiting"])

@@ -97,6 +97,8 @@ def test_a_scheduler_serves_its_own_process_metrics(world, scheduler_process):
     assert _sample(text, "pgdispatch_claim_seconds_count") >= 1.0
     assert _sample(text, "pgdispatch_claim_seconds_bucket", '{le="+Inf"}') >= 1.0
     assert "# TYPE pgdispatch_transaction_retries_total counter" in text
+    assert "# TYPE pgdispatch_statement_deadlines_total counter" in text
+    assert _sample(text, "pgdispatch_wait_seconds_count", '{pool="linux"}') >= 1.0
     assert _sample(text, "process_cpu_seconds_total") is not None
     text = _until(lambda: (t := scrape()) and _sample(
         t, "pgdispatch_scheduler_completions_total", '{outcome="succeeded"}') >= 1.0 and t,
@@ -125,8 +127,8 @@ def test_metrics_port_in_use_or_invalid_fails_cleanly_and_registers_nothing(worl
 
 
 def test_the_exporter_counts_what_its_scheduler_reports(db_url, world):
-    """In process: the hooks chain before the scheduler's own callbacks, and close() frees
-    the port."""
+    """In process: the hooks chain before the scheduler's own callbacks, the claimed job's
+    wait (ready_at to claimed_at) is observed for its pool, and close() frees the port."""
     from pgdispatch.scheduler.main import Scheduler
     from pgdispatch.scheduler.metrics import Exporter
 
@@ -139,9 +141,14 @@ def test_the_exporter_counts_what_its_scheduler_reports(db_url, world):
         s = Scheduler(FAST, database_url=db_url, pools=["linux"], slots=1, name="inproc",
                       on_claimed=seen.append)
         exporter.watch(s)
+        job = world.job(command=["sh", "-c", "exit 3"])
+        # ready 100 s ago (a test-only UPDATE), claimed once the scheduler starts
+        world.conn.execute("UPDATE jobs SET ready_at = now() - interval '100 seconds' WHERE id = %s",
+                           (job["id"],))
+        assert exporter.registry.get_sample_value("pgdispatch_wait_seconds_count",
+                                                  {"pool": "linux"}) == 0.0
         assert s.start()
         try:
-            job = world.job(command=["sh", "-c", "exit 3"])
             _until(lambda: world.row("jobs", job["id"])["state"] == "failed", "the job to fail")
             _until(lambda: exporter.registry.get_sample_value(
                 "pgdispatch_scheduler_completions_total", {"outcome": "failed"}) == 1.0,
@@ -151,6 +158,12 @@ def test_the_exporter_counts_what_its_scheduler_reports(db_url, world):
         assert [c.job_id for c in seen] == [job["id"]]  # the original callback still runs
         assert exporter.registry.get_sample_value("pgdispatch_claims_total",
                                                   {"kind": "build"}) == 1.0
+        wait = {le: exporter.registry.get_sample_value("pgdispatch_wait_seconds_bucket",
+                                                       {"pool": "linux", "le": le})
+                for le in ("60.0", "120.0")}
+        assert wait == {"60.0": 0.0, "120.0": 1.0}
+        assert 100 <= exporter.registry.get_sample_value("pgdispatch_wait_seconds_sum",
+                                                         {"pool": "linux"}) < 120
         port = exporter.port
     finally:
         exporter.close()

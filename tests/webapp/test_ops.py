@@ -12,21 +12,52 @@ from .support import make_uncertain_target
 
 
 def test_metrics_has_counters_and_scrape_time_gauges(app, world):
+    """The web's /metrics: what the database knows (every reason counts, the primary ones
+    beside, the oldest waiting per pool and primary reason, per pool runners and slots) and
+    what this process measures (its retries and deadlines) — never the claim, expiry or wait
+    series, which only a scheduler measures (scheduler/metrics.py)."""
     make_uncertain_target(world)
-    world.job()
+    build = world.job()                                              # no runner serves linux
+    world.job(depends_on=[build["id"]], requires_approval=True)      # and a dependency, an approval
+    world.claim(world.runner(pools=("deploy",)), pools=("deploy",))  # a claim in this process
     transitions.summarize_queue(world.conn)
     response = app.test_client().get("/metrics")
     assert response.status_code == 200
     assert response.headers["Content-Type"].startswith("text/plain")
     text = response.get_data(as_text=True)
-    for name in ("pgdispatch_transaction_retries_total", "pgdispatch_claim_seconds",
-                 "pgdispatch_lease_expirations_total", "pgdispatch_queue_depth",
-                 "pgdispatch_organization_running", "pgdispatch_pool_running", "pgdispatch_pool_slots"):
+    for name in ("pgdispatch_transaction_retries_total", "pgdispatch_statement_deadlines_total",
+                 "pgdispatch_queue_depth", "pgdispatch_queue_primary_depth",
+                 "pgdispatch_queue_waiting", "pgdispatch_oldest_waiting_seconds",
+                 "pgdispatch_pool_waiting", "pgdispatch_pool_live_runners",
+                 "pgdispatch_organization_running", "pgdispatch_organization_max_running",
+                 "pgdispatch_pool_running", "pgdispatch_pool_slots", "pgdispatch_uncertain_targets",
+                 "pgdispatch_jobs", "pgdispatch_queue_summary_age_seconds"):
         assert f"# TYPE {name}" in text, name
-    assert re.search(r'^pgdispatch_uncertain_targets 1\.0$', text, re.M)
-    assert re.search(r'^pgdispatch_pool_slots\{pool="deploy"\} 100\.0$', text, re.M)
-    assert re.search(r'^pgdispatch_queue_depth\{reason="no_authorized_runner"\} 1\.0$', text, re.M)
-    assert re.search(r'^pgdispatch_jobs\{state="uncertain"\} 1\.0$', text, re.M)
+    for name in ("pgdispatch_claim_seconds", "pgdispatch_lease_expirations_total",
+                 "pgdispatch_lease_expiry_failures_total", "pgdispatch_wait_seconds",
+                 "pgdispatch_claims_total"):
+        assert name not in text, name
+
+    def sample(name: str) -> float:
+        match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+        assert match, name
+        return float(match.group(1))
+
+    assert sample("pgdispatch_uncertain_targets") == 1
+    assert sample('pgdispatch_pool_slots{pool="deploy"}') == 100
+    assert sample('pgdispatch_queue_depth{reason="no_authorized_runner"}') == 2
+    assert sample('pgdispatch_queue_primary_depth{reason="no_authorized_runner"}') == 1
+    assert sample('pgdispatch_queue_depth{reason="approval_required"}') == 1
+    assert sample('pgdispatch_queue_primary_depth{reason="approval_required"}') == 0
+    assert sample('pgdispatch_queue_primary_depth{reason="dependency_pending"}') == 1
+    assert sample("pgdispatch_queue_waiting") == 3  # the two, and the lost deployment
+    assert sample('pgdispatch_jobs{state="uncertain"}') == 1
+    assert sample('pgdispatch_pool_waiting{pool="linux"}') == 2
+    assert sample('pgdispatch_pool_live_runners{pool="deploy"}') == 2
+    assert sample('pgdispatch_pool_live_runners{pool="linux"}') == 0
+    for reason in ("no_authorized_runner", "dependency_pending"):
+        assert sample(f'pgdispatch_oldest_waiting_seconds{{pool="linux",reason="{reason}"}}') >= 0
+    assert len(re.findall(r"^pgdispatch_oldest_waiting_seconds\{", text, re.M)) == 2
 
 
 def test_healthz_answers_200_when_the_database_does(app):

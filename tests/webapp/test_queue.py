@@ -22,8 +22,41 @@ def test_each_waiting_job_shows_its_reason_and_message(operator, world):
     page = operator.get("/queue/").get_data(as_text=True)
     assert _ids(page) == [full["id"], gated["id"]]
     assert running["id"] not in _ids(page)
-    assert "reason-capacity_pool" in page and "pool linux: 1 of 1 slots" in page
+    assert "reason-capacity_pool" in page and "pool linux: 1 of 1 pool slots taken" in page
     assert "reason-approval_required" in page
+    # the capacity reason links to the jobs holding that capacity
+    assert '<a class="holders" href="/jobs/?state=running&amp;pool=linux">jobs holding it</a>' in page
+
+
+def test_the_reason_filter_lists_a_job_under_any_of_its_reasons(operator, world):
+    """An approval behind a dependency (the fresh-user run: "No waiting jobs match these
+    filters" for approval_required) is listed under both reasons; the row marks its primary
+    reason and the one that matched. Organization and target capacity link to the holders,
+    and a job waiting on busy runners to the jobs of each runner."""
+    world.setup(org_limit=1, pools=("linux", "deploy"), targets=("production",))
+    runner = world.runner(pools=("linux", "deploy"), slots=1)
+    holder = world.job(pool="deploy", target="production")
+    assert world.claim(runner, pools=("deploy",)).job_id == holder["id"]
+    build = world.job()
+    gated = world.job(pool="deploy", target="production", depends_on=[build["id"]],
+                      requires_approval=True)
+    page = operator.get("/queue/?reason=approval_required").get_data(as_text=True)
+    assert _ids(page) == [gated["id"]]
+    row = page[page.index(f'id="queue-job-{gated["id"]}"'):]
+    row = row[:row.index("</tr>")]
+    assert re.search(r'reason-dependency_pending is-primary">dependency_pending</span> '
+                     r'<span class="reason-mark"[^>]*>primary</span>', row)
+    assert re.search(r'<li class="is-match"><span class="badge reason reason-approval_required '
+                     r'is-match">approval_required</span> <span class="reason-mark is-match"', row)
+    assert 'href="/jobs/?state=running&amp;organization=acme">jobs holding it</a>' in row
+    assert 'href="/jobs/?state=running&amp;target=production">jobs holding it</a>' in row
+    assert _ids(operator.get("/queue/?reason=dependency_pending").get_data(as_text=True)) == [gated["id"]]
+    # the organization full, the build waits for it too; once the limit has room, the one
+    # runner slot is still taken: runners_busy, with a link to that runner's jobs
+    world.apply({"organizations": [{"name": "acme", "max_running": 5}]})
+    busy = operator.get("/queue/?reason=runners_busy").get_data(as_text=True)
+    assert _ids(busy) == [build["id"]]
+    assert f'href="/jobs/?state=running&amp;runner={runner}"' in busy
 
 
 def test_filters_by_project_and_reason(operator, world):

@@ -68,8 +68,9 @@ def test_explain_counts_held_slots_above_a_lowered_limit(world):
     reasons = explain_job(world.conn, job_id=job["id"])["reasons"]
     assert [(r["code"], r["message"]) for r in reasons] == [
         ("capacity_organization", "organization acme: 2 of 1 running"),
-        ("capacity_pool", "pool linux: 2 of 1 slots")]
-    assert reasons[1]["details"] == {"pool": "linux", "running": 2, "slots": 1}
+        ("capacity_pool", "pool linux: 2 of 1 pool slots taken")]
+    assert reasons[1]["details"] == {"pool": "linux", "running": 2, "slots": 1,
+                                     "holders": {"pool": "linux"}}
 
 
 @pytest.mark.parametrize("kind", ["organization", "pool"])

@@ -204,3 +204,22 @@ def test_set_based_batch_leaves_exactly_what_one_at_a_time_completion_leaves(wor
     assert [a["repeated"] for a in batched[4:6]] == [False, True]
     receipts = world.conn.execute("SELECT count(*) AS n FROM delivery_receipts").fetchone()["n"]
     assert receipts == 2 * 6  # one per distinct key, the fenced report has none
+
+
+def test_claims_answer_the_pool_and_how_long_each_job_waited(world):
+    """ready_at to claimed_at, in seconds, for the scheduler's wait-time histogram
+    (scheduler/metrics.py): a single claim and each job of a batch."""
+    world.setup()
+    runner = world.runner(slots=10)
+    jobs = [world.job()["id"] for _ in range(3)]
+    for age, job_id in zip((300, 200, 100), jobs):  # test-only: ready some time ago
+        world.conn.execute("UPDATE jobs SET ready_at = now() - make_interval(secs => %s) "
+                           "WHERE id = %s", (age, job_id))
+    single = world.claim(runner)
+    assert (single.job_id, single.pool) == (jobs[0], "linux")
+    assert 300 <= single.wait_seconds < 330
+    batch = transitions.claim_batch(world.conn, runner_id=runner, pools=world.pool_ids(("linux",)),
+                                    claim_tokens=[transitions.new_claim_token() for _ in range(5)],
+                                    lease_seconds=30)
+    assert [(c.job_id, c.pool) for c in batch] == [(jobs[1], "linux"), (jobs[2], "linux")]
+    assert 200 <= batch[0].wait_seconds < 230 and 100 <= batch[1].wait_seconds < 130

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from .db import transition
-from .errors import NotFound
+from .errors import InvalidInput, NotFound
 from .explain import read_world, reasons_for, summary_reason_counts
 from .queries import Q
+
+# the queue's orders (list_waiting): by id, or longest waiting first
+WAITING_SORTS = ("id", "oldest")
 
 
 @transition("show_job")
@@ -26,26 +30,41 @@ def show_job(conn, *, job_id: int, tail_chars: int = 65536) -> dict[str, Any]:
 @transition("list_waiting")
 def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str | None = None,
                  project: str | None = None, pool: str | None = None, reason: str | None = None,
-                 live_seconds: float = 90.0) -> dict[str, Any]:
-    """Waiting jobs (blocked, queued, uncertain) by id after ``after_id``, each with its reasons.
+                 live_seconds: float = 90.0, sort: str = "id",
+                 after_since: dt.datetime | None = None) -> dict[str, Any]:
+    """Waiting jobs (blocked, queued, uncertain) after a cursor, each with its reasons and
+    ``waiting_since`` (pgd_waiting_since, sql/functions/summaries.sql). ``sort``: "id" (by
+    id, after ``after_id``) or "oldest" (longest waiting first, after (``after_since``,
+    ``after_id``); ``after_since`` None: from the start).
 
     With ``reason``, only jobs whose first reason has that code are returned (the scan goes on
     page by page until ``limit`` match or the queue ends).
 
     Returns:
-        {"jobs": [job + "reasons"], "next_after_id": id or None}.
+        {"jobs": [job + "reasons"], "next_after_id": id or None, "next_after_since": the
+        next page's waiting since (sort "oldest") or None, "now": the database's time}.
+
+    Raises: InvalidInput for another sort.
     """
+    if sort not in WAITING_SORTS:
+        raise InvalidInput(f"unknown sort {sort!r} (one of: {', '.join(WAITING_SORTS)})")
     world = read_world(conn, live_seconds=live_seconds)
     out: list[dict[str, Any]] = []
     cursor = after_id
+    since = after_since
     while len(out) < limit:
-        batch = list(Q.list_waiting_jobs(conn, after_id=cursor, limit=max(limit, 200) if reason else limit,
-                                         organization=organization, project=project, pool=pool))
+        size = max(limit, 200) if reason else limit
+        filters = {"organization": organization, "project": project, "pool": pool}
+        if sort == "oldest":
+            batch = list(Q.list_waiting_jobs_by_age(conn, after_since=since, after_id=cursor,
+                                                    limit=size, **filters))
+        else:
+            batch = list(Q.list_waiting_jobs(conn, after_id=cursor, limit=size, **filters))
         if not batch:
             cursor = None
             break
         for job in batch:
-            cursor = job["id"]
+            cursor, since = job["id"], job["waiting_since"]
             job["reasons"] = [r.as_dict() for r in reasons_for(job, world)]
             if reason is None or job["reasons"][0]["code"] == reason:
                 out.append(job)
@@ -54,7 +73,9 @@ def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str 
         if len(batch) < (max(limit, 200) if reason else limit) and len(out) < limit:
             cursor = None
             break
-    return {"jobs": out, "next_after_id": cursor if out and cursor else None}
+    more = bool(out and cursor)
+    return {"jobs": out, "next_after_id": cursor if more else None,
+            "next_after_since": since if more and sort == "oldest" else None, "now": world.now}
 
 
 @transition("overview")

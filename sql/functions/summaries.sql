@@ -46,6 +46,17 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
      WHERE NOT EXISTS (SELECT 1 FROM counts c WHERE c.project_id = s.project_id AND c.pool_id = s.pool_id)
 $$;
 
+-- When a waiting job's wait began (the queue's "waiting since" and its oldest-first order):
+-- a blocked job waits since it was created, a queued or uncertain one since its ready_at
+-- (set at submit, unblock, approval and retry scheduling; a delayed retry's lies ahead: it
+-- does not wait before). Plain SQL, inlined into the reads.
+CREATE OR REPLACE FUNCTION pgd_waiting_since(p_state text, p_ready_at timestamptz,
+                                             p_created_at timestamptz)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_state = 'blocked' THEN p_created_at ELSE p_ready_at END
+$$;
+
 -- Attempts claimed in [p_from, p_to), per pool: how many, and the p50 / p95 of their wait
 -- (claimed_at - ready_at, seconds; the ready_at each claim recorded, so a later retry that
 -- moves the job's ready_at changes nothing). Without an index on attempts.claimed_at (it

@@ -47,15 +47,27 @@ def _chart(kind: Callable[..., Any], title: str, history: dict[str, Any], *,
            is_duration: bool = False, fill: bool = False) -> Any:
     step = history["step_seconds"]
     chart = kind(
-        style=STYLE, width=640, height=260, js=[], fill=fill, show_dots=False,
-        allow_interruptions=True, title=title, x_title="UTC", show_minor_x_labels=False,
-        x_labels_major_every=10 if step == 60 else 18, truncate_legend=24,
-        legend_at_bottom=True, legend_at_bottom_columns=4, include_x_axis=True,
+        style=STYLE, width=640, height=300, js=[], fill=fill, show_dots=False,
+        allow_interruptions=True, title=title, show_minor_x_labels=False,
+        x_labels_major_every=10 if step == 60 else 18, truncate_label=-1, truncate_legend=24,
+        legend_at_bottom=False, include_x_axis=True,
         no_data_text="no history yet", margin=8, stroke_style={"width": 2},
         value_formatter=seconds if is_duration else (lambda v: f"{v:.0f}"),
     )
     chart.x_labels = _labels(history["points"], step)
     return chart
+
+
+# tick steps that read well: counts, then durations in seconds
+_COUNT_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 50000, 100000)
+_SECOND_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400,
+                 21600, 43200, 86400, 172800, 604800)
+
+
+def _y_labels(chart: Any, top: float, steps: tuple[int, ...]) -> None:
+    # whole ticks (no "0, 0, 1, 1" from a count axis split into fractions), at most 6
+    step = next((s for s in steps if top / s <= 5), steps[-1])
+    chart.y_labels = [step * k for k in range(int(top // step) + 2)]
 
 
 def _present(values: list[Any]) -> bool:
@@ -94,7 +106,17 @@ def render(name: str, history: dict[str, Any]) -> bytes:
                 chart.add(pool, values)
     else:
         raise KeyError(name)
+    values = [v for serie in chart.raw_series for v in serie[0] if v is not None]
+    if values:  # an empty chart says "no history yet" (pygal draws no axis for it)
+        _y_labels(chart, max(values) if name not in ("depth", "running")
+                  else _stacked_top(chart),
+                  _SECOND_STEPS if name in ("wait", "oldest") else _COUNT_STEPS)
     return _without_scripts(chart)
+
+
+def _stacked_top(chart: Any) -> float:
+    series = [serie[0] for serie in chart.raw_series]
+    return max((sum(v or 0 for v in point) for point in zip(*series)), default=0)
 
 
 def _without_scripts(chart: Any) -> bytes:

@@ -365,7 +365,8 @@ class Scheduler:
     def _run_summaries(self) -> None:
         term = self._duties.term("summaries")
         if term is not None and not summaries.refresh_queue_summary(
-                self._db, runner_id=self.runner_id, term=term):
+                self._db, runner_id=self.runner_id, term=term,
+                live_seconds=self.settings.lease_seconds):
             self._duties.lost("summaries", term)
 
     def _run_cleanup(self) -> None:

@@ -24,7 +24,8 @@ GRANT EXECUTE ON FUNCTION pgd_register_runner, pgd_beat_runner, pgd_stop_runner,
     TO pgdispatch_scheduler;
 -- The elected duties (sql/functions/runners.sql): each run is fenced by the holder's term;
 -- the summary's unfenced form (pgd_summarize_queue) is the owner's alone.
-GRANT EXECUTE ON FUNCTION pgd_run_summaries, pgd_expiry_done, pgd_run_cleanup
+GRANT EXECUTE ON FUNCTION pgd_run_summaries, pgd_expiry_done, pgd_run_cleanup,
+                          pgd_read_summary_inputs, pgd_record_reason_counts
     TO pgdispatch_scheduler;
 -- the wake-up listener's registration (sql/functions/wakeups.sql)
 GRANT EXECUTE ON FUNCTION pgd_listen_runner TO pgdispatch_scheduler;
@@ -33,7 +34,7 @@ GRANT EXECUTE ON FUNCTION pgd_listen_runner TO pgdispatch_scheduler;
 -- shows, never a secret: users without password_hash, api_tokens without token_hash.
 GRANT SELECT ON organizations, pools, projects, project_pools, runners, targets, jobs,
                 job_dependencies, attempts, audit_events, queue_summaries, capacity_stripes,
-                capacity_debts, runner_grants, duty_leases, queue_history
+                capacity_debts, runner_grants, duty_leases, queue_history, queue_reason_history
     TO pgdispatch_reader, pgdispatch_web;
 GRANT SELECT (id, username, role, created_at, disabled_at) ON users
     TO pgdispatch_reader, pgdispatch_web;
@@ -41,7 +42,8 @@ GRANT SELECT (id, user_id, name, created_at, last_used_at, revoked_at, expires_a
     TO pgdispatch_reader, pgdispatch_web;
 -- the running counts the lists show (plain SQL functions over capacity_stripes and jobs,
 -- inlined into the reads)
-GRANT EXECUTE ON FUNCTION pgd_organization_running, pgd_pool_running, pgd_project_running
+GRANT EXECUTE ON FUNCTION pgd_organization_running, pgd_pool_running, pgd_project_running,
+                          pgd_waiting_since
     TO pgdispatch_reader, pgdispatch_web;
 -- which pools a runner host's login is granted, for the runners page and jobs explain (plain
 -- SQL functions over runner_grants and pg_roles: they reveal no secret)

@@ -39,7 +39,8 @@ SELECT pgd_retry_job(:job_id, :reason, :actor);
 
 -- name: list_waiting_jobs
 -- Jobs not running and not finished, oldest first, keyset-paginated by id, with optional filters.
-SELECT j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval, j.approved_at, j.submitted_by,
+SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
+       j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval, j.approved_at, j.submitted_by,
        j.pending_dependencies, j.failures, j.max_attempts, j.target_id, j.pool_id, j.project_id,
        j.command, p.name AS project, o.id AS organization_id, o.name AS organization,
        q.name AS pool, t.name AS target
@@ -54,6 +55,30 @@ SELECT j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval,
    AND (CAST(:project AS text) IS NULL OR p.name = :project)
    AND (CAST(:pool AS text) IS NULL OR q.name = :pool)
  ORDER BY j.id
+ LIMIT :limit;
+
+-- name: list_waiting_jobs_by_age
+-- As list_waiting_jobs, longest waiting first: by waiting since (pgd_waiting_since), then
+-- id, keyset-paginated after (:after_since, :after_id) (NULL: from the start). The waiting jobs are read and the
+-- first :limit kept (a top-N sort; no index orders them by that time). Read-only.
+SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
+       j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval, j.approved_at, j.submitted_by,
+       j.pending_dependencies, j.failures, j.max_attempts, j.target_id, j.pool_id, j.project_id,
+       j.command, p.name AS project, o.id AS organization_id, o.name AS organization,
+       q.name AS pool, t.name AS target
+  FROM jobs j
+  JOIN projects p ON p.id = j.project_id
+  JOIN organizations o ON o.id = p.organization_id
+  JOIN pools q ON q.id = j.pool_id
+  LEFT JOIN targets t ON t.id = j.target_id
+ WHERE j.state IN ('blocked', 'queued', 'uncertain')
+   AND (CAST(:after_since AS timestamptz) IS NULL
+        OR (pgd_waiting_since(j.state, j.ready_at, j.created_at), j.id)
+           > (CAST(:after_since AS timestamptz), CAST(:after_id AS bigint)))
+   AND (CAST(:organization AS text) IS NULL OR o.name = :organization)
+   AND (CAST(:project AS text) IS NULL OR p.name = :project)
+   AND (CAST(:pool AS text) IS NULL OR q.name = :pool)
+ ORDER BY 1, j.id
  LIMIT :limit;
 
 -- name: list_recent_jobs

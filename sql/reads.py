@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from .db import transition
-from .errors import NotFound
+from .errors import InvalidInput, NotFound
 from .explain import (read_world, reasons_for, summary_any_reason_counts, summary_oldest_waiting,
                       summary_reason_counts)
 from .queries import Q
+
+# the queue's orders (list_waiting): by id, or longest waiting first
+WAITING_SORTS = ("id", "oldest")
 
 
 @transition("show_job")
@@ -27,8 +31,12 @@ def show_job(conn, *, job_id: int, tail_chars: int = 65536) -> dict[str, Any]:
 @transition("list_waiting")
 def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str | None = None,
                  project: str | None = None, pool: str | None = None, reason: str | None = None,
-                 live_seconds: float = 90.0) -> dict[str, Any]:
-    """Waiting jobs (blocked, queued, uncertain) by id after ``after_id``, each with its reasons.
+                 live_seconds: float = 90.0, sort: str = "id",
+                 after_since: dt.datetime | None = None) -> dict[str, Any]:
+    """Waiting jobs (blocked, queued, uncertain) after a cursor, each with its reasons and
+    ``waiting_since`` (pgd_waiting_since, sql/functions/summaries.sql). ``sort``: "id" (by
+    id, after ``after_id``) or "oldest" (longest waiting first, after (``after_since``,
+    ``after_id``); ``after_since`` None: from the start).
 
     With ``reason``, only jobs that have that reason among theirs are returned, whether it is
     their first (primary) one or not: an approval behind a dependency is listed under
@@ -38,20 +46,30 @@ def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str 
     Returns:
         {"jobs": [job + "reasons" (each {"code", "message", "details", "is_primary",
         "is_match"}) + "reason" (the primary code) + "matched_reason" (``reason``, or None)],
-        "next_after_id": id or None}.
+        "next_after_id": id or None, "next_after_since": the next page's waiting since (sort
+        "oldest") or None, "now": the database's time}.
+
+    Raises: InvalidInput for another sort.
     """
+    if sort not in WAITING_SORTS:
+        raise InvalidInput(f"unknown sort {sort!r} (one of: {', '.join(WAITING_SORTS)})")
     world = read_world(conn, live_seconds=live_seconds)
     out: list[dict[str, Any]] = []
     cursor = after_id
+    since = after_since
     batch_size = max(limit, 200) if reason else limit
+    filters = {"organization": organization, "project": project, "pool": pool}
     while len(out) < limit:
-        batch = list(Q.list_waiting_jobs(conn, after_id=cursor, limit=batch_size,
-                                         organization=organization, project=project, pool=pool))
+        if sort == "oldest":
+            batch = list(Q.list_waiting_jobs_by_age(conn, after_since=since, after_id=cursor,
+                                                    limit=batch_size, **filters))
+        else:
+            batch = list(Q.list_waiting_jobs(conn, after_id=cursor, limit=batch_size, **filters))
         if not batch:
             cursor = None
             break
         for job in batch:
-            cursor = job["id"]
+            cursor, since = job["id"], job["waiting_since"]
             reasons = [r.as_dict() for r in reasons_for(job, world)]
             if reason is not None and not any(r["code"] == reason for r in reasons):
                 continue
@@ -67,7 +85,9 @@ def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str 
         if len(batch) < batch_size and len(out) < limit:
             cursor = None
             break
-    return {"jobs": out, "next_after_id": cursor if out and cursor else None}
+    more = bool(out and cursor)
+    return {"jobs": out, "next_after_id": cursor if more else None,
+            "next_after_since": since if more and sort == "oldest" else None, "now": world.now}
 
 
 @transition("overview")

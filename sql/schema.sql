@@ -241,6 +241,9 @@ CREATE TABLE attempts (
     -- the attempt holds while it runs: a release subtracts from these
     organization_stripe smallint,
     pool_stripe         smallint,
+    -- the job's ready_at when this attempt claimed it: its wait is claimed_at - ready_at
+    -- (the overview's wait chart, queue_history); NULL for attempts claimed before 0010
+    ready_at            timestamptz,
     UNIQUE (job_id, attempt_no),
     UNIQUE (job_id, generation),
     CHECK ((state = 'running') = (finished_at IS NULL))
@@ -319,7 +322,7 @@ CREATE TABLE queue_summaries (
 );
 
 -- Rolled-up history of each pool's queue for the console's charts: one row per pool per
--- minute (the summaries duty upserts the current minute, sql/functions/runners.sql); the
+-- minute (the summaries duty upserts the current minute, sql/functions/summaries.sql); the
 -- cleanup duty deletes rows older than 7 days.
 CREATE TABLE queue_history (
     at                  timestamptz NOT NULL,  -- the minute (date_trunc('minute', ...))
@@ -327,7 +330,21 @@ CREATE TABLE queue_history (
     waiting             integer NOT NULL,      -- queued and ready
     running             integer NOT NULL,      -- running attempts
     oldest_wait_seconds double precision,      -- of the oldest ready job; NULL when none waits
+    -- attempts of the pool claimed in that minute, and their wait (claimed_at - ready_at)
+    claimed             integer NOT NULL DEFAULT 0 CHECK (claimed >= 0),
+    wait_p50_seconds    double precision,      -- NULL when nothing was claimed
+    wait_p95_seconds    double precision,
     PRIMARY KEY (at, pool_id)
+);
+
+-- Waiting jobs by primary reason (sql/explain.py, summary_reason_counts), one row per reason
+-- per minute: the most seen in that minute. Written by the summaries duty
+-- (pgd_record_reason_counts, sql/functions/summaries.sql); pruned with queue_history.
+CREATE TABLE queue_reason_history (
+    at      timestamptz NOT NULL,                -- the minute
+    reason  text NOT NULL CHECK (reason ~ '^[a-z_]{1,40}$'),
+    waiting integer NOT NULL CHECK (waiting >= 0),
+    PRIMARY KEY (at, reason)
 );
 
 -- The elected duties, one row each: what one scheduler suffices for (summaries, expiry,

@@ -8,6 +8,16 @@ SELECT pgd_summarize_queue();
 -- term; see pgd_run_summaries (sql/functions/summaries.sql).
 SELECT pgd_run_summaries(:runner_id, :term);
 
+-- name: read_summary_inputs$
+-- The summary rows and the world the reason counts need, for the summaries duty's holder
+-- only (NULL otherwise); see pgd_read_summary_inputs. Read-only.
+SELECT pgd_read_summary_inputs(:runner_id, :term, :live_seconds);
+
+-- name: record_reason_counts$
+-- The current minute of queue_reason_history, fenced by the summaries duty; see
+-- pgd_record_reason_counts (sql/functions/summaries.sql).
+SELECT pgd_record_reason_counts(:runner_id, :term, CAST(:counts AS jsonb));
+
 -- name: read_queue_summaries
 -- The summary rows with names, and how old they are in seconds. Read-only.
 SELECT s.project_id, p.name AS project, p.organization_id, s.pool_id, q.name AS pool,

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from . import metrics
+from . import explain, history, metrics
 from .db import transition
 from .errors import FencedOut, IncompatibleDatabase, InvalidInput
 from .audit import check_actor
@@ -470,11 +470,25 @@ def stop_runner(conn, *, runner_id: int) -> None:
 
 
 @transition("run_summaries")
-def run_summaries(conn, *, runner_id: int, term: int) -> bool:
-    """The summaries duty in one transaction (queue_summaries and the current minute of
-    queue_history), fenced: True when done, False when ``runner_id`` does not hold the duty
-    in ``term`` (then nothing is written; pgd_run_summaries, sql/functions/summaries.sql)."""
-    return bool(Q.run_summaries(conn, runner_id=runner_id, term=term))
+def run_summaries(conn, *, runner_id: int, term: int, live_seconds: float = 90.0) -> bool:
+    """The summaries duty in one transaction, fenced: queue_summaries and the current minute
+    of queue_history (pgd_run_summaries, sql/functions/summaries.sql), then the waiting jobs
+    by primary reason, counted here with ``explain.summary_reason_counts`` from what
+    pgd_read_summary_inputs returns (a runner login reads no table), into the minute of
+    queue_reason_history. True when done; False when ``runner_id`` does not hold the duty in
+    ``term`` (then nothing is written). ``live_seconds``: as for read_world."""
+    if not Q.run_summaries(conn, runner_id=runner_id, term=term):
+        return False
+    # the stamp above locked the duty's row until this transaction ends: no takeover can
+    # come between it and the fenced calls below
+    inputs = Q.read_summary_inputs(conn, runner_id=runner_id, term=term,
+                                   live_seconds=live_seconds)
+    if inputs is None:
+        return False
+    summaries, world, uncertain = history.world_from_inputs(inputs)
+    counts = explain.summary_reason_counts(summaries, world)
+    counts["target_uncertain"] += uncertain  # as the overview counts them (reads.overview)
+    return history.record_reason_counts(conn, runner_id=runner_id, term=term, counts=counts)
 
 
 @transition("expiry_done")

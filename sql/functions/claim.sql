@@ -474,9 +474,10 @@ BEGIN
             v_lease := v_claimed + make_interval(secs => p_lease_seconds);
             INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
                                   claimed_at, lease_expires_at, last_heartbeat_at,
-                                  organization_stripe, pool_stripe)
+                                  organization_stripe, pool_stripe, ready_at)
             VALUES (v_job.id, v_job.attempts_made, v_job.generation, p_runner_id, p_claim_token,
-                    'running', v_claimed, v_lease, now(), v_org_stripe, v_pool_stripe)
+                    'running', v_claimed, v_lease, now(), v_org_stripe, v_pool_stripe,
+                    v_job.ready_at)
             RETURNING id INTO v_attempt;
             -- the claim token lock and the tombstone check: last, held only until the commit
             PERFORM pgd_check_tombstones(ARRAY[p_claim_token]);
@@ -631,9 +632,10 @@ BEGIN
             ), inserted AS (
                 INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token,
                                       state, claimed_at, lease_expires_at, last_heartbeat_at,
-                                      organization_stripe, pool_stripe)
+                                      organization_stripe, pool_stripe, ready_at)
                 SELECT n.id, n.attempts_made, n.generation, p_runner_id, p_claim_tokens[n.n],
-                       'running', v_claimed, v_lease, now(), v_org_units[n.n], v_pool_units[n.n]
+                       'running', v_claimed, v_lease, now(), v_org_units[n.n], v_pool_units[n.n],
+                       n.ready_at
                   FROM numbered n
                 RETURNING attempts.id, attempts.job_id, attempts.claim_token
             )

@@ -177,8 +177,9 @@ $$;
 -- runner and term: pgd_stamp_duty): runners not beaten for four of their beat intervals
 -- (beat_seconds, 15 when never recorded) are marked stopped with stop_reason 'lost', at
 -- most p_batch of them, the longest silent first (their running attempts are still ended
--- by lease expiry, which does not look at runners); and at most 10 * p_batch queue_history
--- rows older than 7 days are deleted. Returns {"lost": [runner ids], "pruned": n}, or NULL
+-- by lease expiry, which does not look at runners); and at most 10 * p_batch rows each of
+-- queue_history and queue_reason_history older than 7 days are deleted (pruned: both).
+-- Returns {"lost": [runner ids], "pruned": n}, or NULL
 -- when the caller does not hold the duty in that term (then nothing is changed). Raises
 -- PD422 for a batch outside 1..10000.
 CREATE OR REPLACE FUNCTION pgd_run_cleanup(p_runner_id bigint, p_term bigint, p_batch integer)
@@ -214,8 +215,14 @@ BEGIN
                                           WHERE o.at < now() - interval '7 days'
                                           ORDER BY o.at LIMIT 10 * p_batch)
             RETURNING 1
+        ), old_reasons AS (
+            DELETE FROM queue_reason_history h
+             WHERE (h.at, h.reason) IN (SELECT o.at, o.reason FROM queue_reason_history o
+                                         WHERE o.at < now() - interval '7 days'
+                                         ORDER BY o.at LIMIT 10 * p_batch)
+            RETURNING 1
         )
-        SELECT count(*) INTO v_pruned FROM old;
+        SELECT (SELECT count(*) FROM old) + (SELECT count(*) FROM old_reasons) INTO v_pruned;
         IF NOT pgd_stamp_duty(p_runner_id, p_term, 'cleanup') THEN
             RAISE EXCEPTION USING ERRCODE = 'PDFNC';  -- lost the duty meanwhile: undo
         END IF;

@@ -1,7 +1,8 @@
 -- The per-(project, pool) waiting counts the overview reads (queue_summaries, sql/schema.sql)
--- and the per-pool, per-minute history the console charts (queue_history), refreshed by the
--- holder of the summaries duty (scheduler/summaries.py, pgd_run_summaries: an entry point
--- of pgdispatch_scheduler, sql/grants.sql).
+-- and the per-minute history the console charts (queue_history per pool, queue_reason_history
+-- per primary reason), refreshed by the holder of the summaries duty (scheduler/summaries.py:
+-- pgd_run_summaries, then pgd_read_summary_inputs and pgd_record_reason_counts in the same
+-- transaction; entry points of pgdispatch_scheduler, sql/grants.sql).
 
 -- Refresh the summary rows; touches no job row. It only counts, compares and takes the
 -- least timestamps of job rows, which no value of theirs can make fail (times at both ends of
@@ -81,15 +82,58 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
      WHERE NOT EXISTS (SELECT 1 FROM counts c WHERE c.project_id = s.project_id AND c.pool_id = s.pool_id)
 $$;
 
--- Record the current minute of queue_history from the summary rows and the running
--- attempts: per pool, the most waiting (queued and ready), the most running and the longest
--- wait (seconds) seen in that minute. Internal; one statement.
+-- When a waiting job's wait began (the queue's "waiting since" and its oldest-first order):
+-- a blocked job waits since it was created, a queued or uncertain one since its ready_at
+-- (set at submit, unblock, approval and retry scheduling; a delayed retry's lies ahead: it
+-- does not wait before). Plain SQL, inlined into the reads.
+CREATE OR REPLACE FUNCTION pgd_waiting_since(p_state text, p_ready_at timestamptz,
+                                             p_created_at timestamptz)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_state = 'blocked' THEN p_created_at ELSE p_ready_at END
+$$;
+
+-- Attempts claimed in [p_from, p_to), per pool: how many, and the p50 / p95 of their wait
+-- (claimed_at - ready_at, seconds; the ready_at each claim recorded, so a later retry that
+-- moves the job's ready_at changes nothing). Without an index on attempts.claimed_at (it
+-- would cost every claim and heartbeat an index entry), it finds them through their jobs: a
+-- job claimed since p_from is now waiting again or running (the small set of unfinished jobs
+-- that have ever been claimed) or has finished since p_from (a range of jobs_finished_idx),
+-- and its attempts are read by (job_id, attempt_no). Internal; read-only.
+CREATE OR REPLACE FUNCTION pgd_claim_waits(p_from timestamptz, p_to timestamptz)
+RETURNS TABLE (pool_id bigint, claimed integer, wait_p50_seconds double precision,
+               wait_p95_seconds double precision)
+LANGUAGE sql STABLE AS $$
+    SELECT j.pool_id, count(*)::integer,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY w.seconds),
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY w.seconds)
+      FROM (SELECT id, pool_id FROM jobs
+             WHERE state IN ('blocked', 'queued', 'running', 'uncertain') AND attempts_made > 0
+            UNION ALL
+            SELECT id, pool_id FROM jobs WHERE finished_at >= p_from) j
+      JOIN attempts a ON a.job_id = j.id
+     CROSS JOIN LATERAL (SELECT greatest(extract(epoch FROM a.claimed_at - a.ready_at)::float8,
+                                         0) AS seconds) w
+     WHERE a.claimed_at >= p_from AND a.claimed_at < p_to AND a.ready_at IS NOT NULL
+     GROUP BY j.pool_id
+$$;
+
+-- Record the current minute of queue_history from the summary rows, the running attempts
+-- and the minute's claims: per pool, the most waiting (queued and ready), the most running
+-- and the longest wait (seconds) seen in that minute, and the minute's claims so far with
+-- their wait p50 / p95 (recounted whole on every pass). In the first 30 seconds of a minute
+-- the previous minute's claims are recounted too, so that a claim committed after that
+-- minute's last pass is still counted. Internal.
 CREATE OR REPLACE FUNCTION pgd_record_queue_history()
 RETURNS void
-LANGUAGE sql AS $$
-    INSERT INTO queue_history AS h (at, pool_id, waiting, running, oldest_wait_seconds)
-    SELECT date_trunc('minute', now()), q.id, coalesce(s.waiting, 0), coalesce(r.running, 0),
-           s.oldest_wait_seconds
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_minute timestamptz := date_trunc('minute', now());
+BEGIN
+    INSERT INTO queue_history AS h (at, pool_id, waiting, running, oldest_wait_seconds,
+                                    claimed, wait_p50_seconds, wait_p95_seconds)
+    SELECT v_minute, q.id, coalesce(s.waiting, 0), coalesce(r.running, 0),
+           s.oldest_wait_seconds, coalesce(c.claimed, 0), c.wait_p50_seconds, c.wait_p95_seconds
       FROM pools q
       LEFT JOIN (SELECT pool_id, sum(queued_ready)::integer AS waiting,
                         extract(epoch FROM now() - min(oldest_ready_at))::float8 AS oldest_wait_seconds
@@ -97,13 +141,106 @@ LANGUAGE sql AS $$
       LEFT JOIN (SELECT j.pool_id, count(*)::integer AS running
                    FROM attempts a JOIN jobs j ON j.id = a.job_id
                   WHERE a.state = 'running' GROUP BY j.pool_id) r ON r.pool_id = q.id
+      LEFT JOIN pgd_claim_waits(v_minute, 'infinity') c ON c.pool_id = q.id
     ON CONFLICT (at, pool_id) DO UPDATE
        SET waiting = greatest(h.waiting, excluded.waiting),
            running = greatest(h.running, excluded.running),
            oldest_wait_seconds = CASE WHEN h.oldest_wait_seconds IS NULL
                                       THEN excluded.oldest_wait_seconds
                                       ELSE greatest(h.oldest_wait_seconds,
-                                                    excluded.oldest_wait_seconds) END
+                                                    excluded.oldest_wait_seconds) END,
+           claimed = excluded.claimed, wait_p50_seconds = excluded.wait_p50_seconds,
+           wait_p95_seconds = excluded.wait_p95_seconds;
+    IF now() < v_minute + interval '30 seconds' THEN
+        UPDATE queue_history h
+           SET claimed = c.claimed, wait_p50_seconds = c.wait_p50_seconds,
+               wait_p95_seconds = c.wait_p95_seconds
+          FROM pgd_claim_waits(v_minute - interval '1 minute', v_minute) c
+         WHERE h.at = v_minute - interval '1 minute' AND h.pool_id = c.pool_id;
+    END IF;
+END;
+$$;
+
+-- What the summaries duty's holder needs to count the waiting jobs by primary reason in
+-- Python (sql/explain.py, summary_reason_counts): the summary rows and the world of
+-- read_world, as one jsonb {"now", "summaries", "organizations", "projects", "pools",
+-- "grants", "uncertain" (jobs), "live"} whose rows have the columns of the named statements read_world uses
+-- (list_organizations, list_projects, list_pools, list_grants: sql/projects.sql;
+-- live_runner_pools: sql/runners.sql; tests/sql/test_history.py checks they agree), for a
+-- scheduler login, which may read no table. NULL when the caller does not hold the duty in
+-- that term. Read-only.
+CREATE OR REPLACE FUNCTION pgd_read_summary_inputs(p_runner_id bigint, p_term bigint,
+                                                   p_live_seconds double precision)
+RETURNS jsonb
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT CASE WHEN pgd_holds_duty(p_runner_id, p_term, 'summaries') THEN jsonb_build_object(
+        'now', now(),
+        'summaries', (SELECT coalesce(jsonb_agg(to_jsonb(s)), '[]') FROM queue_summaries s),
+        'organizations', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'id', id, 'name', name, 'max_running', max_running,
+                'running', pgd_organization_running(id))), '[]') FROM organizations),
+        'projects', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'id', p.id, 'name', p.name, 'organization_id', p.organization_id,
+                'organization', o.name, 'weight', p.weight, 'max_running', p.max_running,
+                'running', pgd_project_running(p.id), 'paused_at', p.paused_at,
+                'pause_reason', p.pause_reason, 'paused_by', p.paused_by,
+                'last_claimed_at', p.last_claimed_at,
+                'pools', ARRAY(SELECT q.name FROM project_pools pp JOIN pools q ON q.id = pp.pool_id
+                                WHERE pp.project_id = p.id ORDER BY q.name))), '[]')
+                       FROM projects p JOIN organizations o ON o.id = p.organization_id),
+        'pools', (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                'id', id, 'name', name, 'slots', slots, 'running', pgd_pool_running(id))), '[]')
+                    FROM pools),
+        'grants', (SELECT coalesce(jsonb_agg(jsonb_build_array(project_id, pool_id)), '[]')
+                     FROM project_pools),
+        -- uncertain jobs are not in the summary: the overview counts them apart (reads.overview)
+        'uncertain', (SELECT count(*) FROM jobs WHERE state = 'uncertain'),
+        'live', (SELECT coalesce(jsonb_agg(to_jsonb(l)), '[]') FROM (
+            SELECT p.pool_id,
+                   coalesce(sum(r.slots) FILTER (WHERE g.is_granted), 0)::integer AS runner_slots,
+                   coalesce(sum(greatest(r.slots - a.n, 0)) FILTER (WHERE g.is_granted), 0)::integer
+                       AS free_runner_slots,
+                   ARRAY(SELECT DISTINCT u FROM unnest(array_agg(r.login) FILTER (WHERE NOT g.is_granted)) u
+                          ORDER BY 1) AS ungranted_logins
+              FROM runners r
+             CROSS JOIN LATERAL unnest(r.pool_ids) p(pool_id)
+             CROSS JOIN LATERAL (SELECT p.pool_id = ANY (pgd_runner_login_pools(r.login)) AS is_granted) g
+             CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM attempts a
+                                  WHERE a.runner_id = r.id AND a.state = 'running') a
+             WHERE r.stopped_at IS NULL AND NOT r.draining
+               AND r.last_heartbeat_at > now() - make_interval(secs => p_live_seconds)
+             GROUP BY p.pool_id) l))
+    END
+$$;
+
+-- Record the waiting jobs by primary reason ({"code": n, ...}, counted by the duty's holder
+-- from pgd_read_summary_inputs) for the current minute of queue_reason_history: per reason,
+-- the most seen in that minute. Fenced: false, and nothing written, when the caller does not
+-- hold the summaries duty in that term. Raises PD422 when p_counts is not an object of
+-- reason codes to counts >= 0.
+CREATE OR REPLACE FUNCTION pgd_record_reason_counts(p_runner_id bigint, p_term bigint,
+                                                    p_counts jsonb)
+RETURNS boolean
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+BEGIN
+    IF jsonb_typeof(p_counts) IS DISTINCT FROM 'object'
+       OR EXISTS (SELECT 1 FROM jsonb_each(p_counts) e
+                   WHERE e.key !~ '^[a-z_]{1,40}$'
+                      OR CASE WHEN jsonb_typeof(e.value) <> 'number' THEN true
+                              ELSE e.value::numeric NOT BETWEEN 0 AND 2147483647
+                                   OR e.value::numeric <> trunc(e.value::numeric) END) THEN
+        RAISE EXCEPTION 'reason counts must map reason codes to whole numbers >= 0'
+            USING ERRCODE = 'PD422';
+    END IF;
+    IF NOT pgd_holds_duty(p_runner_id, p_term, 'summaries') THEN
+        RETURN false;
+    END IF;
+    INSERT INTO queue_reason_history AS h (at, reason, waiting)
+    SELECT date_trunc('minute', now()), e.key, (e.value::numeric)::integer
+      FROM jsonb_each(p_counts) e
+    ON CONFLICT (at, reason) DO UPDATE SET waiting = greatest(h.waiting, excluded.waiting);
+    RETURN true;
+END;
 $$;
 
 -- The summaries duty, in one transaction, for its holder only: refresh queue_summaries and

@@ -30,8 +30,9 @@ def world_from_inputs(inputs: dict[str, Any]) -> tuple[list[dict[str, Any]], Wor
     for p in inputs["projects"]:
         projects[p["id"]] = {**p, "paused_at": _ts(p["paused_at"]),
                              "last_claimed_at": _ts(p["last_claimed_at"])}
-    summaries = [{**s, "oldest_ready_at": _ts(s["oldest_ready_at"]),
-                  "refreshed_at": _ts(s["refreshed_at"])} for s in inputs["summaries"]]
+    # every timestamp column of queue_summaries ends in _at (sql/schema.sql)
+    summaries = [{k: _ts(v) if k.endswith("_at") else v for k, v in s.items()}
+                 for s in inputs["summaries"]]
     live = inputs["live"]
     world = World(
         now=_ts(inputs["now"]),
@@ -45,6 +46,7 @@ def world_from_inputs(inputs: dict[str, Any]) -> tuple[list[dict[str, Any]], Wor
                       for r in live if r["runner_slots"] > 0},
         ungranted_logins={r["pool_id"]: list(r["ungranted_logins"]) for r in live
                           if r["ungranted_logins"]},
+        runner_ids={r["pool_id"]: list(r["runner_ids"]) for r in live if r["runner_slots"] > 0},
     )
     return summaries, world, inputs["uncertain"]
 

@@ -50,27 +50,11 @@ SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_
  ORDER BY r.stopped_at IS NOT NULL, r.name, r.id;
 
 -- name: live_runner_pools
--- Pools served by at least one live, non-draining runner whose login is granted the pool
--- now, with those runners' slots and how many of them are free (slots minus running
--- attempts, per runner; a runner serving several pools counts its free slots for each), and
--- the logins of live runners that ask for the pool without its grant (ungranted_logins).
--- A pool only such runners ask for has runner_slots 0. runner_ids: the granted live runners,
--- by id (whose running jobs hold the runner slots: the holder links of runners_busy).
--- Read-only.
-SELECT p.pool_id,
-       coalesce(array_agg(r.id ORDER BY r.id) FILTER (WHERE g.is_granted), '{}') AS runner_ids,
-       coalesce(sum(r.slots) FILTER (WHERE g.is_granted), 0)::integer AS runner_slots,
-       coalesce(sum(greatest(r.slots - a.n, 0)) FILTER (WHERE g.is_granted), 0)::integer AS free_runner_slots,
-       ARRAY(SELECT DISTINCT u FROM unnest(array_agg(r.login) FILTER (WHERE NOT g.is_granted)) u
-              ORDER BY 1) AS ungranted_logins
-  FROM runners r
- CROSS JOIN LATERAL unnest(r.pool_ids) p(pool_id)
- CROSS JOIN LATERAL (SELECT p.pool_id = ANY (pgd_runner_login_pools(r.login)) AS is_granted) g
- CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM attempts a
-                      WHERE a.runner_id = r.id AND a.state = 'running') a
- WHERE r.stopped_at IS NULL AND NOT r.draining
-   AND r.last_heartbeat_at > now() - make_interval(secs => :live_seconds)
- GROUP BY p.pool_id;
+-- The pools live runners serve, with their runner ids, runner slots (free ones too) and the
+-- logins that ask for a pool without its grant: pgd_live_runner_pools
+-- (sql/functions/runners.sql). Read-only.
+SELECT pool_id, runner_ids, runner_slots, free_runner_slots, ungranted_logins
+  FROM pgd_live_runner_pools(:live_seconds);
 
 -- name: list_runners_page
 -- The runners page: every runner not stopped and seen within the hour, and the last

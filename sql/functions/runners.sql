@@ -269,3 +269,32 @@ BEGIN
     RETURNING a.lease_expires_at, j.cancel_requested_at IS NOT NULL;
 END;
 $$;
+
+-- Pools served by at least one live, non-draining runner whose login is granted the pool
+-- now, with those runners' ids and slots and how many of the slots are free (slots minus
+-- running attempts, per runner; a runner serving several pools counts its free slots for
+-- each), and the logins of live runners that ask for the pool without its grant
+-- (ungranted_logins). A pool only such runners ask for has runner_slots 0. ``live_seconds``:
+-- a runner whose last keep-alive is older is not live. One definition for the console's
+-- reads (live_runner_pools, sql/runners.sql) and the summaries duty's inputs
+-- (pgd_read_summary_inputs, sql/functions/summaries.sql). A plain read helper: it runs as
+-- its caller.
+CREATE OR REPLACE FUNCTION pgd_live_runner_pools(p_live_seconds double precision)
+RETURNS TABLE (pool_id bigint, runner_ids bigint[], runner_slots integer,
+               free_runner_slots integer, ungranted_logins text[])
+LANGUAGE sql STABLE SET search_path = public, pg_temp AS $$
+    SELECT p.pool_id,
+           coalesce(array_agg(r.id ORDER BY r.id) FILTER (WHERE g.is_granted), '{}'),
+           coalesce(sum(r.slots) FILTER (WHERE g.is_granted), 0)::integer,
+           coalesce(sum(greatest(r.slots - a.n, 0)) FILTER (WHERE g.is_granted), 0)::integer,
+           ARRAY(SELECT DISTINCT u FROM unnest(array_agg(r.login) FILTER (WHERE NOT g.is_granted)) u
+                  ORDER BY 1)
+      FROM runners r
+     CROSS JOIN LATERAL unnest(r.pool_ids) p(pool_id)
+     CROSS JOIN LATERAL (SELECT p.pool_id = ANY (pgd_runner_login_pools(r.login)) AS is_granted) g
+     CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM attempts a
+                          WHERE a.runner_id = r.id AND a.state = 'running') a
+     WHERE r.stopped_at IS NULL AND NOT r.draining
+       AND r.last_heartbeat_at > now() - make_interval(secs => p_live_seconds)
+     GROUP BY p.pool_id
+$$;

@@ -166,7 +166,8 @@ $$;
 -- read_world, as one jsonb {"now", "summaries", "organizations", "projects", "pools",
 -- "grants", "uncertain" (jobs), "live"} whose rows have the columns of the named statements read_world uses
 -- (list_organizations, list_projects, list_pools, list_grants: sql/projects.sql;
--- live_runner_pools: sql/runners.sql; tests/sql/test_history.py checks they agree), for a
+-- live: pgd_live_runner_pools, sql/functions/runners.sql; tests/sql/test_history.py checks
+-- they agree), for a
 -- scheduler login, which may read no table. NULL when the caller does not hold the duty in
 -- that term. Read-only.
 CREATE OR REPLACE FUNCTION pgd_read_summary_inputs(p_runner_id bigint, p_term bigint,
@@ -195,21 +196,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
                      FROM project_pools),
         -- uncertain jobs are not in the summary: the overview counts them apart (reads.overview)
         'uncertain', (SELECT count(*) FROM jobs WHERE state = 'uncertain'),
-        'live', (SELECT coalesce(jsonb_agg(to_jsonb(l)), '[]') FROM (
-            SELECT p.pool_id,
-                   coalesce(sum(r.slots) FILTER (WHERE g.is_granted), 0)::integer AS runner_slots,
-                   coalesce(sum(greatest(r.slots - a.n, 0)) FILTER (WHERE g.is_granted), 0)::integer
-                       AS free_runner_slots,
-                   ARRAY(SELECT DISTINCT u FROM unnest(array_agg(r.login) FILTER (WHERE NOT g.is_granted)) u
-                          ORDER BY 1) AS ungranted_logins
-              FROM runners r
-             CROSS JOIN LATERAL unnest(r.pool_ids) p(pool_id)
-             CROSS JOIN LATERAL (SELECT p.pool_id = ANY (pgd_runner_login_pools(r.login)) AS is_granted) g
-             CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM attempts a
-                                  WHERE a.runner_id = r.id AND a.state = 'running') a
-             WHERE r.stopped_at IS NULL AND NOT r.draining
-               AND r.last_heartbeat_at > now() - make_interval(secs => p_live_seconds)
-             GROUP BY p.pool_id) l))
+        'live', (SELECT coalesce(jsonb_agg(to_jsonb(l)), '[]')
+                   FROM pgd_live_runner_pools(p_live_seconds) l))
     END
 $$;
 

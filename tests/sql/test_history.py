@@ -106,7 +106,7 @@ def test_the_duty_records_the_waiting_jobs_by_primary_reason_as_the_overview_cou
 
     recorded = {r["reason"]: r["waiting"] for r in world.conn.execute(
         "SELECT reason, waiting FROM queue_reason_history WHERE at = date_trunc('minute', now())")}
-    shown = reads.overview(world.conn, live_seconds=90.0)["reason_counts"]
+    shown = reads.overview(world.conn, live_seconds=90.0)["primary_counts"]
     assert recorded == shown
     assert recorded["ready"] == 3 and recorded["no_authorized_runner"] == 1
     assert recorded["dependency_pending"] == 1

@@ -5,9 +5,11 @@ from the database clock (sql/functions/operator.sql, sql/audit.sql, get_job in s
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
-from pgdispatch.sql import AlreadyResolved, audit, reads, transitions
+from pgdispatch.sql import AlreadyResolved, audit, db, migrate, reads, transitions
 
 from ..webapp.support import make_uncertain_target
 
@@ -136,3 +138,23 @@ def test_the_losing_retry_hears_who_won_and_when(world):
     with pytest.raises(AlreadyResolved) as refused:
         transitions.retry_job(world.conn, job_id=fresh["id"], actor="bob")
     assert "already retried" not in str(refused.value)
+
+
+def test_the_upgrade_links_the_events_recorded_before_it(new_database, tmp_path):
+    """0011_audit_job on a database with history: the events written before the column
+    existed get their job too (a generated column is computed for every existing row, and
+    the rewrite does not trip the table's refusal of UPDATE)."""
+    url = new_database()
+    before = tmp_path / "migrations"
+    shutil.copytree(migrate.MIGRATIONS_DIR, before)
+    (before / "0011_audit_job.sql").unlink()
+    migrate.upgrade(url, migrations_dir=before)
+    with db.connect(url) as conn:
+        for subject, details in [("job:41", "{}"), ("target:staging", '{"job_id": 41, "outcome": "failed"}'),
+                                 ("project:web", "{}"), ("job:not-a-number", "{}")]:
+            conn.execute("SELECT pgd_audit('alice', 'x', %s, NULL, %s::jsonb)", (subject, details))
+    migrate.upgrade(url)
+    with db.connect(url) as conn:
+        rows = conn.execute("SELECT subject, job_id FROM audit_events ORDER BY id").fetchall()
+    assert [(r["subject"], r["job_id"]) for r in rows] == [
+        ("job:41", 41), ("target:staging", 41), ("project:web", None), ("job:not-a-number", None)]

@@ -26,10 +26,12 @@ SELECT pgd_expire_one(:backoff_base_seconds, :backoff_cap_seconds, CAST(:pool_id
 SELECT pgd_expiry_done(:runner_id, :term);
 
 -- name: list_attempts
--- A job's attempts, oldest first, with the runner's name. Read-only.
+-- A job's attempts, oldest first, with the runner's name and how long each ran in seconds
+-- (claimed to finished, or to now while it runs). Read-only.
 SELECT a.id, a.job_id, a.attempt_no, a.generation, a.runner_id, r.name AS runner_name,
        r.hostname AS runner_hostname, a.state, a.claimed_at, a.lease_expires_at,
        a.last_heartbeat_at, a.finished_at, a.exit_code, a.error,
+       extract(epoch FROM coalesce(a.finished_at, now()) - a.claimed_at)::float8 AS duration_seconds,
        right(a.output_tail, :tail_chars) AS output_tail
   FROM attempts a JOIN runners r ON r.id = a.runner_id
  WHERE a.job_id = :job_id

@@ -55,9 +55,14 @@ def already_resolved(conn, *, subject: str, what: str) -> AlreadyResolved:
 @transition("list_audit_events")
 def list_audit_events(conn, *, before_id: int = 2**63 - 1, limit: int = 100,
                       actor: str | None = None, action: str | None = None,
-                      subject: str | None = None) -> list[dict[str, Any]]:
+                      subject: str | None = None, job_id: int | None = None) -> list[dict[str, Any]]:
     """Audit events with ids below ``before_id``, newest first (keyset pagination), at most
-    ``limit``, optionally only ``actor``'s, only ``action``, or only subjects starting with
-    ``subject``. Each: id, at, actor, action, subject, reason, details."""
+    ``limit``, optionally only ``actor``'s, only ``action``, only subjects starting with
+    ``subject``, or only those about job ``job_id`` (its own trail: audit_events.job_id,
+    target resolutions that decided it included). Each: id, at, actor, action, subject,
+    reason, details."""
+    if job_id is not None:
+        return list(Q.list_job_audit_events(conn, job_id=job_id, before_id=before_id, limit=limit,
+                                            actor=actor, action=action, subject=subject))
     return list(Q.list_audit_events(conn, before_id=before_id, limit=limit, actor=actor,
                                     action=action, subject=subject))

@@ -5,16 +5,29 @@ SELECT * FROM pgd_submit(:project, :pool, :target, CAST(:command AS text[]), :pr
                          CAST(:depends_on AS bigint[]), :idempotency_key, :submitted_by);
 
 -- name: get_job^
--- One job with the names of its project, organization, pool and target. Read-only.
+-- One job with the names of its project, organization, pool and target, and its times in
+-- seconds by the database clock: age (now - created_at), duration (created to finished,
+-- once it ended), waiting since (ready_at of a queued job whose ready_at has passed,
+-- created_at of a blocked one; none otherwise) and for how long, running for (now - the
+-- running attempt's claimed_at). Read-only.
 SELECT j.*, p.name AS project, o.id AS organization_id, o.name AS organization,
        q.name AS pool, t.name AS target,
        ARRAY(SELECT d.depends_on_job_id FROM job_dependencies d
-              WHERE d.job_id = j.id ORDER BY 1) AS depends_on
+              WHERE d.job_id = j.id ORDER BY 1) AS depends_on,
+       extract(epoch FROM now() - j.created_at)::float8 AS age_seconds,
+       extract(epoch FROM j.finished_at - j.created_at)::float8 AS duration_seconds,
+       w.waiting_since,
+       extract(epoch FROM now() - w.waiting_since)::float8 AS waiting_seconds,
+       extract(epoch FROM now() - (SELECT a.claimed_at FROM attempts a
+                                    WHERE a.job_id = j.id AND a.state = 'running'))::float8
+           AS running_seconds
   FROM jobs j
   JOIN projects p ON p.id = j.project_id
   JOIN organizations o ON o.id = p.organization_id
   JOIN pools q ON q.id = j.pool_id
   LEFT JOIN targets t ON t.id = j.target_id
+ CROSS JOIN LATERAL (SELECT CASE WHEN j.state = 'queued' AND j.ready_at <= now() THEN j.ready_at
+                                 WHEN j.state = 'blocked' THEN j.created_at END AS waiting_since) w
  WHERE j.id = :job_id;
 
 -- name: list_pending_dependencies

@@ -17,7 +17,12 @@ WAITING_SORTS = ("id", "oldest")
 
 @transition("show_job")
 def show_job(conn, *, job_id: int, tail_chars: int = 65536) -> dict[str, Any]:
-    """One job with its attempts (oldest first; each with up to ``tail_chars`` of output).
+    """One job with its attempts (oldest first; each with up to ``tail_chars`` of output and
+    ``duration_seconds``), its times in seconds (``age_seconds``, ``duration_seconds`` once
+    it ended, ``waiting_since`` / ``waiting_seconds`` while it waits, ``running_seconds``
+    while it runs: get_job, sql/jobs.sql) and ``resolution``: how its lost deployment was
+    decided — {"outcome", "actor", "at", "note", "action"} (``resolve_target`` by an
+    operator, ``late_report`` by the attempt itself) — or None.
 
     Raises: NotFound.
     """
@@ -25,7 +30,18 @@ def show_job(conn, *, job_id: int, tail_chars: int = 65536) -> dict[str, Any]:
     if job is None:
         raise NotFound(f"unknown job {job_id}")
     job["attempts"] = list(Q.list_attempts(conn, job_id=job_id, tail_chars=tail_chars))
+    resolution = Q.last_job_resolution(conn, job_id=job_id)
+    job["resolution"] = None if resolution is None else {
+        k: resolution[k] for k in ("outcome", "actor", "at", "note", "action")}
     return job
+
+
+@transition("list_job_audit")
+def list_job_audit(conn, *, job_id: int, limit: int = 200) -> list[dict[str, Any]]:
+    """Job ``job_id``'s own audit trail, oldest first, at most ``limit`` events: every action
+    on it (submit, approve, cancel, retry) and every target resolution that decided it
+    (audit_events.job_id). Each: id, at, actor, action, subject, reason, details."""
+    return list(Q.list_job_audit(conn, job_id=job_id, limit=limit))
 
 
 @transition("list_waiting")
@@ -176,15 +192,28 @@ def list_runners(conn, *, live_seconds: float = 90.0) -> list[dict[str, Any]]:
 
 
 @transition("list_runners_page")
-def list_runners_page(conn, *, live_seconds: float = 90.0,
+def list_runners_page(conn, *, live_seconds: float = 90.0, fold_seconds: float = 600.0,
                       stopped_limit: int = 10) -> dict[str, Any]:
-    """The runners page: {"runners": runners not stopped (seen within the hour), then the
-    last ``stopped_limit`` stopped or lost ones; "stopped_total": runners stopped within the
-    hour; "duties": every elected duty with its holder (list_duties, sql/runners.sql)}."""
-    runners = list(Q.list_runners_page(conn, live_seconds=live_seconds,
+    """The runners page: {"runners": runners not stopped (seen within the hour), then those
+    stopped or lost in the last ``fold_seconds`` (at most ``stopped_limit``, newest first);
+    "stopped_total": every stopped or lost runner on record; "folded": how many of them are
+    not shown; "duties": every elected duty with its holder (list_duties, sql/runners.sql)}."""
+    runners = list(Q.list_runners_page(conn, live_seconds=live_seconds, fold_seconds=fold_seconds,
                                        stopped_limit=stopped_limit))
-    total = runners[0]["stopped_total"] if runners else 0
-    return {"runners": runners, "stopped_total": total, "duties": list(Q.list_duties(conn))}
+    total = Q.count_stopped_runners(conn)
+    shown = sum(1 for r in runners if r["stopped_at"] is not None)
+    return {"runners": runners, "stopped_total": total, "folded": total - shown,
+            "duties": list(Q.list_duties(conn))}
+
+
+@transition("list_stopped_runners")
+def list_stopped_runners(conn, *, before_id: int = 2**63 - 1, limit: int = 50) -> dict[str, Any]:
+    """Stopped and lost runners with ids below ``before_id``, newest first, at most ``limit``:
+    {"runners": [...], "older": the ``before_id`` of the next page, or None;
+    "stopped_total": every stopped or lost runner on record}."""
+    runners = list(Q.list_stopped_runners(conn, before_id=before_id, limit=limit))
+    return {"runners": runners, "older": runners[-1]["id"] if len(runners) == limit else None,
+            "stopped_total": Q.count_stopped_runners(conn)}
 
 
 @transition("list_filter_choices")

@@ -57,15 +57,17 @@ SELECT pool_id, runner_ids, runner_slots, free_runner_slots, ungranted_logins
   FROM pgd_live_runner_pools(:live_seconds);
 
 -- name: list_runners_page
--- The runners page: every runner not stopped and seen within the hour, and the last
--- :stopped_limit stopped or lost ones (newest first), with the same columns as
--- list_runners, and stopped_total: how many runners stopped within the hour (so that
--- stopped rows never pile up on the page). Read-only.
+-- The runners page: every runner not stopped and seen within the hour, and the runners
+-- stopped or lost within the last :fold_seconds (at most :stopped_limit, newest first); the
+-- older stopped ones are folded away (list_stopped_runners shows them). With the same
+-- columns as list_runners, and stopped_total: every stopped or lost runner on record, so
+-- that the page says how many it folds. Read-only.
 WITH shown AS (
     SELECT r.id FROM runners r
      WHERE r.stopped_at IS NULL AND r.last_heartbeat_at > now() - interval '1 hour'
     UNION ALL
-    (SELECT r.id FROM runners r WHERE r.stopped_at IS NOT NULL
+    (SELECT r.id FROM runners r
+      WHERE r.stopped_at > now() - make_interval(secs => :fold_seconds)
       ORDER BY r.stopped_at DESC LIMIT :stopped_limit)
 )
 SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
@@ -75,9 +77,30 @@ SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_
        ARRAY(SELECT q.name FROM pools q
               WHERE q.id = ANY (r.pool_ids) AND NOT q.id = ANY (g.pool_ids) ORDER BY q.name) AS ungranted_pools,
        (r.stopped_at IS NULL AND r.last_heartbeat_at > now() - make_interval(secs => :live_seconds)) AS is_live,
-       (SELECT count(*) FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running') AS slots_used,
-       (SELECT count(*) FROM runners s WHERE s.stopped_at > now() - interval '1 hour') AS stopped_total
+       (SELECT count(*) FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running') AS slots_used
   FROM shown
   JOIN runners r ON r.id = shown.id
  CROSS JOIN LATERAL (SELECT pgd_runner_login_pools(r.login) AS pool_ids) g
  ORDER BY r.stopped_at IS NOT NULL, r.stopped_at DESC NULLS FIRST, r.name, r.id;
+
+-- name: count_stopped_runners$
+-- Every stopped or lost runner on record (rows are kept: the history of the fleet).
+-- Read-only.
+SELECT count(*) FROM runners WHERE stopped_at IS NOT NULL;
+
+-- name: list_stopped_runners
+-- Stopped and lost runners, newest first (by id: the order they registered in), keyset-
+-- paginated by id, with the same columns as list_runners. Read-only.
+SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
+       r.stopped_at, r.stop_reason, r.login, pgd_login_is_unbound(r.login) AS is_unbound,
+       ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
+       ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (g.pool_ids) ORDER BY q.name) AS granted_pools,
+       ARRAY(SELECT q.name FROM pools q
+              WHERE q.id = ANY (r.pool_ids) AND NOT q.id = ANY (g.pool_ids) ORDER BY q.name) AS ungranted_pools,
+       false AS is_live,
+       (SELECT count(*) FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running') AS slots_used
+  FROM runners r
+ CROSS JOIN LATERAL (SELECT pgd_runner_login_pools(r.login) AS pool_ids) g
+ WHERE r.stopped_at IS NOT NULL AND r.id < :before_id
+ ORDER BY r.id DESC
+ LIMIT :limit;

@@ -283,10 +283,18 @@ CREATE TABLE audit_events (
     subject text NOT NULL,
     reason  text,
     details jsonb NOT NULL DEFAULT '{}',
-    login   text NOT NULL DEFAULT session_user
+    login   text NOT NULL DEFAULT session_user,
+    -- the job the event is about, for the job's own audit trail: its subject job:N (submit,
+    -- approve, cancel, retry), or the job a target resolution decided (details.job_id:
+    -- resolve_target, late_report). Generated, so that no transition can forget it.
+    job_id  bigint GENERATED ALWAYS AS (
+        CASE WHEN subject ~ '^job:[0-9]{1,18}$' THEN substr(subject, 5)::bigint
+             WHEN details ->> 'job_id' ~ '^[0-9]{1,18}$' THEN (details ->> 'job_id')::bigint
+        END) STORED
 );
 CREATE INDEX audit_events_subject_idx ON audit_events (subject, id DESC);
 CREATE INDEX audit_events_at_idx ON audit_events (at DESC);
+CREATE INDEX audit_events_job_idx ON audit_events (job_id, id) WHERE job_id IS NOT NULL;
 
 -- Refreshed every few seconds by a scheduler job (summarize_queue); the overview reads it
 -- instead of counting job rows.

@@ -3,8 +3,10 @@
 SELECT pgd_resolve_target(:target, :outcome, :note, :actor);
 
 -- name: list_targets
--- Targets, uncertain first, with the holding job, its project, and the evidence of its last attempt.
+-- Targets, uncertain first, with the holding job, its project, for how long it is held
+-- (seconds, by the database clock), and the evidence of its last attempt.
 SELECT t.id, t.name, t.state, t.holder_job_id, t.held_since, p.name AS holder_project,
+       extract(epoch FROM now() - t.held_since)::float8 AS held_seconds,
        t.requires_approval, t.approver_role,
        a.id AS attempt_id, a.state AS attempt_state, a.last_heartbeat_at, a.lease_expires_at,
        r.name AS runner_name, r.hostname AS runner_hostname,

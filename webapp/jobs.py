@@ -13,18 +13,55 @@ from .views import actor, arg_int, arg_text, check_job_id, form_text, perform, r
 bp = Blueprint("jobs", __name__, url_prefix="/jobs")
 STATES = JOB_STATES
 TAIL_CHARS = 16384
+# the first events of a job's audit trail shown on its page (the audit log has them all)
+AUDIT_SHOWN = 200
+
+
+def _explain(job_id: int) -> dict:
+    return explain.explain_job(get_conn(), job_id=job_id,
+                               live_seconds=current_app.config["RUNNER_LIVE_SECONDS"])
 
 
 def _context(job_id: int) -> dict:
     conn = get_conn()
     job = reads.show_job(conn, job_id=job_id, tail_chars=TAIL_CHARS)
-    why = explain.explain_job(conn, job_id=job_id,
-                              live_seconds=current_app.config["RUNNER_LIVE_SECONDS"])
-    return {"job": job, "explain": why}
+    return {"job": job, "explain": _explain(job_id),
+            "audit": reads.list_job_audit(conn, job_id=job_id, limit=AUDIT_SHOWN),
+            "audit_shown": AUDIT_SHOWN}
 
 
 def _fragment(job_id: int) -> str:
     return render_template("jobs/_job.html", **_context(job_id))
+
+
+def _waits(job_id: int) -> str:
+    """What job ``job_id`` waits for now, in a few words with its reason code ("waiting for
+    job 29 (dependency_pending)"); "" when it does not wait."""
+    why = _explain(job_id)
+    if not why["reasons"]:
+        return ""
+    first = why["reasons"][0]
+    jobs = first["details"].get("jobs") if first["code"] == "dependency_pending" else None
+    text = ("waiting for " + ", ".join(f"job {j}" for j in jobs)) if jobs else first["message"]
+    return text if text.startswith(first["code"]) else f"{text} ({first['code']})"
+
+
+def _approved(job_id: int, result: dict) -> str:
+    if result["state"] == "blocked":
+        return f"job {job_id} approved; still {_waits(job_id)}"
+    return f"job {job_id} approved and queued; {_waits(job_id)}"
+
+
+def _cancelled(job_id: int, result: dict) -> str:
+    if result.get("cancel_requested"):
+        return f"job {job_id} is running: its runner has been asked to stop it"
+    return f"job {job_id} cancelled"
+
+
+def _retried(job_id: int, result: dict) -> str:
+    if result["state"] == "queued":
+        return f"job {job_id} queued again; {_waits(job_id)}"
+    return f"job {job_id} queued again, but {_waits(job_id)}"
 
 
 @bp.get("/")
@@ -50,27 +87,28 @@ def detail(job_id: int):
     return render_view("jobs/detail.html", "jobs/_job.html", **_context(job_id))
 
 
-def _act(job_id: int, transition, verb: str):
+def _act(job_id: int, transition, said):
+    """Run an operator transition on the job; ``said(job_id, result)`` is the flash message."""
     check_job_id(job_id)
     reason = form_text("reason")
     return perform(lambda conn: transition(conn, job_id=job_id, actor=actor(), reason=reason),
-                   success=lambda r: f"job {job_id} {verb}; it is {r['state']}",
+                   success=lambda r: said(job_id, r),
                    back=url_for("jobs.detail", job_id=job_id), fragment=lambda: _fragment(job_id))
 
 
 @bp.post("/<int:job_id>/approve")
 def approve(job_id: int):
     """Approve a job that waits for an operator's approval."""
-    return _act(job_id, transitions.approve_job, "approved")
+    return _act(job_id, transitions.approve_job, _approved)
 
 
 @bp.post("/<int:job_id>/cancel")
 def cancel(job_id: int):
     """Cancel a waiting job, or ask the runner of a running one to stop it."""
-    return _act(job_id, transitions.cancel_job, "cancelled")
+    return _act(job_id, transitions.cancel_job, _cancelled)
 
 
 @bp.post("/<int:job_id>/retry")
 def retry(job_id: int):
     """Queue a failed or cancelled job again."""
-    return _act(job_id, transitions.retry_job, "queued again")
+    return _act(job_id, transitions.retry_job, _retried)

@@ -1,26 +1,40 @@
 """Runners: one row per scheduler process, with its pools, slots in use and last heartbeat;
 and who holds each elected duty (scheduler/duties.py) since when, and when it was last done.
-Stopped and lost runners do not pile up: the live ones and the last few stopped, with a
-count."""
+Polled. Stopped and lost runners fold away FOLD_SECONDS after they stopped (the page says how
+many it folds); their rows are kept, and ``?show=stopped`` lists them, newest first, paged."""
 
 from __future__ import annotations
 
 from flask import Blueprint, current_app
 
-from pgdispatch.sql import reads
+from pgdispatch.sql import InvalidInput, reads
 
 from .db import get_conn
-from .views import render_view
+from .views import MAX_BIGINT, arg_int, arg_text, render_view
 
 bp = Blueprint("runners", __name__, url_prefix="/runners")
 
+FOLD_SECONDS = 600
 STOPPED_SHOWN = 10
+SHOWS = ("stopped",)
 
 
 @bp.get("/")
 def index():
-    """Live and draining runners, the last STOPPED_SHOWN stopped ones, and the duties."""
-    page = reads.list_runners_page(get_conn(),
-                                   live_seconds=current_app.config["RUNNER_LIVE_SECONDS"],
-                                   stopped_limit=STOPPED_SHOWN)
-    return render_view("runners/index.html", "runners/_table.html", **page)
+    """Live and draining runners, those stopped in the last FOLD_SECONDS (at most
+    STOPPED_SHOWN) and the duties; ``?show=stopped``: the stopped ones, ``before_id`` paged."""
+    show = arg_text("show")
+    if show is not None and show not in SHOWS:
+        raise InvalidInput(f"show must be one of: {', '.join(SHOWS)}")
+    conn = get_conn()
+    if show == "stopped":
+        before_id = arg_int("before_id", MAX_BIGINT, low=1)
+        limit = arg_int("limit", 50, low=1, high=500)
+        page = reads.list_stopped_runners(conn, before_id=before_id, limit=limit)
+        return render_view("runners/index.html", "runners/_table.html", show=show, **page,
+                           is_first_page=before_id == MAX_BIGINT,
+                           limit=limit if limit != 50 else None, fold_seconds=FOLD_SECONDS)
+    page = reads.list_runners_page(conn, live_seconds=current_app.config["RUNNER_LIVE_SECONDS"],
+                                   fold_seconds=FOLD_SECONDS, stopped_limit=STOPPED_SHOWN)
+    return render_view("runners/index.html", "runners/_table.html", show=None, **page,
+                       is_first_page=True, fold_seconds=FOLD_SECONDS, stopped_limit=STOPPED_SHOWN)

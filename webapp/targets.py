@@ -40,6 +40,15 @@ def resolve(name: str):
         return transitions.resolve_target(conn, target=name, outcome=outcome, note=note or "",
                                           actor=actor())
 
-    return perform(action,
-                   success=lambda r: f"target {name} resolved as {outcome}; job {r['job_id']} is {r['job_state']}",
+    return perform(action, success=lambda r: f"target {name} resolved as {outcome}; {_decided(r)}",
                    back=url_for("targets.index"), fragment=lambda: _card(name))
+
+
+def _decided(result: dict) -> str:
+    """What the resolution made of the lost deployment, in words."""
+    job, state = result["job_id"], result["job_state"]
+    if state == "queued":
+        return f"job {job} is queued to run again"
+    if state == "blocked":
+        return f"job {job} runs again once approved (approval_required)"
+    return f"job {job} {state}"

@@ -213,6 +213,7 @@ RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_tem
 DECLARE
     v jobs%ROWTYPE;
     v_protected boolean;
+    v_winner text;
 BEGIN
     p_actor := pgd_authorize(p_actor, 'operator');
     SELECT * INTO v FROM jobs WHERE id = p_job_id FOR NO KEY UPDATE;
@@ -220,8 +221,20 @@ BEGIN
         RAISE EXCEPTION 'unknown job %', p_job_id USING ERRCODE = 'PD404';
     END IF;
     IF v.state NOT IN ('failed', 'cancelled') THEN
+        -- of two operators retrying at once, the loser hears who won and when: the last
+        -- retry of this job (an operator's, or a resolution's "run it again") since its
+        -- last attempt ended, if any (audit_events_job_idx; the winner committed before
+        -- this transaction got the job's lock, and this statement sees what committed)
+        SELECT format('already retried by %s at %s; ', e.actor, pgd_utc_text(e.at)) INTO v_winner
+          FROM audit_events e
+         WHERE e.job_id = p_job_id
+           AND (e.action = 'retry_job'
+                OR (e.action = 'resolve_target' AND e.details ->> 'outcome' = 'retry'))
+           AND e.at >= coalesce((SELECT max(a.finished_at) FROM attempts a WHERE a.job_id = p_job_id),
+                                '-infinity')
+         ORDER BY e.id DESC LIMIT 1;
         RAISE EXCEPTION 'job % is % and cannot be retried (%)', p_job_id, v.state,
-            pgd_job_state_note(v) USING ERRCODE = 'PDALR';
+            coalesce(v_winner, '') || pgd_job_state_note(v) USING ERRCODE = 'PDALR';
     END IF;
     IF v.pending_dependencies > 0 OR (v.requires_approval AND v.approved_at IS NULL) THEN
         RAISE EXCEPTION 'job % still waits on a dependency or an approval', p_job_id USING ERRCODE = 'PD409';
@@ -290,7 +303,12 @@ BEGIN
            requires_approval = requires_approval OR v_state = 'blocked',
            approved_at = CASE WHEN v_state = 'blocked' THEN NULL ELSE approved_at END,
            approved_by = CASE WHEN v_state = 'blocked' THEN NULL ELSE approved_by END,
-           last_error = format('resolved %s by %s: %s', p_outcome, p_actor, p_note)
+           -- the operator's word is the outcome, not an error: "it succeeded" undoes the
+           -- failure the lost attempt was counted as, and clears the lease's error. The
+           -- resolution itself (who, when, the note) is the audit event below, which names
+           -- the job (audit_events.job_id): the job's page shows it from there.
+           failures = CASE WHEN v_state = 'succeeded' THEN greatest(failures - 1, 0) ELSE failures END,
+           last_error = CASE WHEN v_state = 'succeeded' THEN NULL ELSE last_error END
      WHERE id = v_job.id;
     UPDATE targets SET state = 'free', holder_job_id = NULL, held_since = NULL WHERE id = v_target.id;
     IF v_state = 'succeeded' THEN

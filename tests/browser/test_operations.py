@@ -57,7 +57,7 @@ def test_resolving_an_uncertain_target_lets_a_real_scheduler_run_the_next_deploy
         form.locator("textarea[name=note]").fill("host still on v1; nothing was deployed")
         form.get_by_role("button", name=re.compile("Resolve")).click()
         expect(page.locator("#flash")).to_contain_text(
-            f"target production resolved as failed; job {lost['id']} is failed")
+            f"target production resolved as failed; job {lost['id']} failed")
         expect(page.locator(".target-uncertain")).to_have_count(0)
 
         # the real scheduler claims the next deployment; the job page (polling) follows it

@@ -82,3 +82,72 @@ def test_jobs_list_pages_to_older_jobs(world, operator):
     assert page.status_code == 200 and f"before_id={ids[3]}" in html
     older = operator.get(f"/jobs/?limit=2&before_id={ids[3]}").get_data(as_text=True)
     assert f"/jobs/{ids[2]}" in older and f"/jobs/{ids[4]}" not in older
+
+
+def test_a_resolved_deployment_reads_as_the_operators_outcome_with_its_trail(operator, world):
+    from .support import make_uncertain_target
+
+    made = make_uncertain_target(world, "staging")
+    job_id = made["job"]["id"]
+    transitions.resolve_target(world.conn, target="staging", outcome="succeeded",
+                               note="version 4.2 is live on every host", actor="bob")
+    page = operator.get(f"/jobs/{job_id}").get_data(as_text=True)
+    resolution = page[page.index(f'id="job-{job_id}-resolution"'):]
+    resolution = resolution[:resolution.index("</dd>")]
+    assert "it succeeded" in resolution and "by bob at" in resolution
+    assert "version 4.2 is live on every host" in resolution
+    assert "Last error" not in page and "resolved succeeded by" not in page
+    assert "0 failed, 1 lost with its runner" in page
+    assert "<h2>Outcome</h2>" in page and "as bob resolved it" in page
+    trail = page[page.index(f'id="job-{job_id}-audit"'):]
+    assert trail.index("submit_job") < trail.index("resolve_target") and "target:staging" in trail
+    assert f'href="/audit/?job={job_id}"' in trail
+    # the audit page's job filter shows the same trail
+    log = operator.get(f"/audit/?job={job_id}").get_data(as_text=True)
+    assert "resolve_target" in log and "submit_job" in log
+    assert operator.get("/audit/?job=abc").status_code == 422
+
+
+def test_action_messages_say_what_the_job_does_now(operator, world):
+    world.setup()
+    runner = world.runner()
+    first = world.job()
+    second = world.job(requires_approval=True, depends_on=[first["id"]])
+
+    def say(path: str) -> str:
+        response = operator.post(path, data={"csrf_token": operator.csrf}, headers={"HX-Request": "true"})
+        assert response.status_code in (200, 409), response.status_code
+        html = response.get_data(as_text=True)
+        return html[html.index('id="flash"'):]
+
+    assert (f"job {second['id']} approved; still waiting for job {first['id']} (dependency_pending)"
+            in say(f"/jobs/{second['id']}/approve"))
+    claim = world.claim(runner)
+    assert claim.job_id == first["id"]
+    assert (f"job {first['id']} is running: its runner has been asked to stop it"
+            in say(f"/jobs/{first['id']}/cancel"))
+    world.complete(claim, "cancelled", exit_code=-15)
+    cancelled = say(f"/jobs/{second['id']}/cancel")  # already cancelled with its dependency
+    assert f"job {second['id']} is cancelled and cannot be cancelled" in cancelled
+    assert "it is cancelled" not in cancelled
+    waiting = world.job()
+    assert f"job {waiting['id']} cancelled<" in say(f"/jobs/{waiting['id']}/cancel")
+    assert f"job {waiting['id']} queued again; ready" in say(f"/jobs/{waiting['id']}/retry")
+    gated = world.job(requires_approval=True)
+    assert f"job {gated['id']} approved and queued; ready" in say(f"/jobs/{gated['id']}/approve")
+
+
+def test_a_running_job_says_for_how_long_and_where(operator, world):
+    world.setup()
+    runner = world.runner(name="build-7")
+    job = world.job()
+    claim = world.claim(runner)
+    world.conn.execute("UPDATE attempts SET claimed_at = now() - interval '200 seconds' WHERE id = %s",
+                       (claim.attempt_id,))
+    page = operator.get(f"/jobs/{job['id']}").get_data(as_text=True)
+    assert "Why is it" not in page and "It is running" not in page
+    assert "<h2>Running</h2>" in page and "For 3 min on build-7 (attempt #1" in page
+    assert "running for 3 min" in page  # the attempt's own line
+    waiting = world.job()
+    page = operator.get(f"/jobs/{waiting['id']}").get_data(as_text=True)
+    assert "Why is it waiting?" in page and f'id="job-{waiting["id"]}-waiting"' in page

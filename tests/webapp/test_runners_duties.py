@@ -26,6 +26,6 @@ def test_the_runners_page_names_each_duty_holder_and_shows_only_the_last_stopped
     # the beat itself stamps expiry while no lease has lapsed (pgd_beat_runner)
     expiry = page[page.index('id="duty-expiry"'):]
     assert "never" not in expiry[:expiry.index("</tr>")]
-    # the newest ten stopped runners, and how many there were
+    # the newest ten stopped runners, and how many are folded away
     assert "gone-12" in page and "gone-03" in page and "gone-02" not in page
-    assert "13 runners stopped in the last hour; the last 10 are shown" in page
+    assert "3 stopped runners are folded away" in page

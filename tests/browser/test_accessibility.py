@@ -8,6 +8,8 @@ import re
 from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
 
+from pgdispatch.sql import transitions
+
 from tests.webapp.support import ensure_account
 
 from .conftest import SCREENSHOTS
@@ -36,6 +38,9 @@ def _sign_in(page, base: str) -> None:
 def test_every_console_page_has_no_serious_accessibility_violation(live_server, context, world):
     made = _populate(world)
     ensure_account(world.conn, *ADMIN, "admin")
+    # the grey badges too: a stopped runner, a cancelled job
+    transitions.stop_runner(world.conn, runner_id=world.runner(name="retired-1"))
+    transitions.cancel_job(world.conn, job_id=world.job(command=["make", "docs"])["id"], actor="ada")
     axe = Axe()
     page = context.new_page()
     page.goto(live_server + "/login")

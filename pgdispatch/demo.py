@@ -5,7 +5,9 @@ different limits, five projects, pools linux / macos / deploy, targets staging a
 one operator whose password is printed), two scheduler processes, the console, and a workload:
 builds of 1–8 s of which some fail and retry, pipelines whose deployments depend on builds, a
 production deployment that needs approval, and now and then a third scheduler killed with
-SIGKILL mid-deployment so that an uncertain target appears for the operator to resolve.
+SIGKILL mid-deployment so that an uncertain target appears for the operator to resolve — never
+while a target is uncertain or in the two minutes after an operator resolved one, so that the
+deployment a resolution frees or re-runs is not the one it takes and kills (``chaos_hold_off``).
 Ctrl-C stops every process it started, then the embedded server.
 
 Started as root, its schedulers run the jobs as users of their own, one per slot
@@ -144,6 +146,31 @@ def _build_command(rng: random.Random, name: str) -> list[str]:
 
 def _deploy_command(target: str, seconds: float) -> list[str]:
     return ["sh", "-c", f'echo "deploying to {target}"; sleep {seconds:.1f}; echo "{target} healthy"']
+
+
+# The chaos scheduler holds off this long after an operator resolved a target, so that the
+# deployment the resolution frees (or re-runs) lands on a healthy scheduler; and it retries
+# this soon when it held off.
+CHAOS_QUIET_SECONDS = 120.0
+CHAOS_RETRY_SECONDS = 15.0
+
+
+def chaos_hold_off(conn, *, quiet_seconds: float = CHAOS_QUIET_SECONDS) -> str | None:
+    """Why the demo's chaos round must not start (or kill) now, or None when it may.
+
+    It holds off while any target is uncertain (an operator is, or should be, resolving it:
+    a chaos scheduler running then would take the deployment the resolution frees and lose it
+    again, so the resolution would look like it failed) and for ``quiet_seconds`` after an
+    operator resolved one (by the audit log and the database clock).
+    """
+    uncertain = [t["name"] for t in Q.list_targets(conn) if t["state"] == "uncertain"]
+    if uncertain:
+        return f"target {', '.join(uncertain)} is uncertain, waiting for an operator"
+    recent = Q.recent_target_resolution(conn, within_seconds=quiet_seconds)
+    if recent is not None:
+        return (f"{recent['subject']} was resolved by {recent['actor']} "
+                f"{recent['age_seconds']:.0f} s ago")
+    return None
 
 
 # one user per slot and per scheduler ("a", "b", "c"): no two running jobs share a uid
@@ -303,39 +330,59 @@ class Demo:
                                depends_on=[staging["id"]], requires_approval=True,
                                timeout_seconds=120)
 
-    def lose_a_runner(self) -> None:
-        """Start a third scheduler on the deploy pool and SIGKILL it mid-deployment.
+    def lose_a_runner(self) -> bool:
+        """Start a third scheduler on the deploy pool and SIGKILL it mid-deployment; False
+        when it held off (``chaos_hold_off``) and started nothing.
 
         Runs in its own thread. It competes with scheduler-a for deployments, so it looks for
         work ten times as often; it waits up to 90 s for a deployment to land on it, then gives
-        up cleanly (SIGTERM) until next time.
+        up cleanly (SIGTERM) until next time. Should an operator resolve a target meanwhile,
+        the deployment it holds may be the one the resolution freed: it is not killed, the
+        scheduler is stopped cleanly instead.
         """
-        proc = self._spawn("scheduler-chaos", "scheduler", "--pool", "deploy", "--slots", "1",
-                           "--name", "demo-chaos", env={"PGDISPATCH_CLAIM_INTERVAL_SECONDS": "0.05",
-                                                        "DATABASE_URL": self._runner_url("demo-chaos"),
-                                                        **self._run_as("c", 1)})
         try:
             with db.connect(self.workload_url, application_name="pgdispatch-demo-chaos") as conn:
-                time.sleep(2)
-                transitions.submit(conn, project="billing", pool="deploy", target="staging",
-                                   command=_deploy_command("staging", 25), timeout_seconds=120)
-                deadline = time.monotonic() + 90
-                while time.monotonic() < deadline and not self.stopping.is_set():
-                    busy = [r for r in Q.list_runners(conn, live_seconds=60)
-                            if r["pid"] == proc.pid and r["slots_used"] > 0]
-                    if busy:
-                        self.stopping.wait(2)
-                        proc.send_signal(signal.SIGKILL)
+                held = chaos_hold_off(conn)
+                if held:
+                    log.info("demo chaos: holding off: %s", held)
+                    return False
+                proc = self._spawn("scheduler-chaos", "scheduler", "--pool", "deploy", "--slots", "1",
+                                   "--name", "demo-chaos",
+                                   env={"PGDISPATCH_CLAIM_INTERVAL_SECONDS": "0.05",
+                                        "DATABASE_URL": self._runner_url("demo-chaos"),
+                                        **self._run_as("c", 1)})
+                try:
+                    self._lose(conn, proc)
+                finally:
+                    if proc.poll() is None:
+                        proc.send_signal(signal.SIGTERM)
                         proc.wait()
-                        log.info("demo: killed scheduler demo-chaos (pid %d) mid-deployment; its "
-                                 "target becomes uncertain when the lease lapses", proc.pid)
-                        return
-                    self.stopping.wait(0.5)
         except PgDispatchError as exc:
             log.warning("demo chaos: %s", exc)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait()
+        return True
+
+    def _lose(self, conn, proc: subprocess.Popen) -> None:
+        """Submit the chaos round's deployment and SIGKILL ``proc`` once it runs one (unless
+        ``chaos_hold_off`` says otherwise by then)."""
+        time.sleep(2)
+        transitions.submit(conn, project="billing", pool="deploy", target="staging",
+                           command=_deploy_command("staging", 25), timeout_seconds=120)
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not self.stopping.is_set():
+            busy = [r for r in Q.list_runners(conn, live_seconds=60)
+                    if r["pid"] == proc.pid and r["slots_used"] > 0]
+            if busy:
+                self.stopping.wait(2)
+                held = chaos_hold_off(conn)
+                if held:
+                    log.info("demo chaos: not killing demo-chaos: %s", held)
+                    return
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+                log.info("demo: killed scheduler demo-chaos (pid %d) mid-deployment; its "
+                         "target becomes uncertain when the lease lapses", proc.pid)
+                return
+            self.stopping.wait(0.5)
 
     def workload(self, duration_seconds: float | None) -> None:
         started = time.monotonic()
@@ -356,9 +403,14 @@ class Demo:
                         self.submit_pipeline(conn)
                         next_pipeline = time.monotonic() + self.rng.uniform(8, 14)
                     if time.monotonic() >= next_chaos:
-                        threading.Thread(target=self.lose_a_runner, name="demo-chaos",
-                                         daemon=True).start()
-                        next_chaos = time.monotonic() + self.rng.uniform(120, 180)
+                        held = chaos_hold_off(conn)
+                        if held:
+                            log.info("demo chaos: holding off: %s", held)
+                            next_chaos = time.monotonic() + CHAOS_RETRY_SECONDS
+                        else:
+                            threading.Thread(target=self.lose_a_runner, name="demo-chaos",
+                                             daemon=True).start()
+                            next_chaos = time.monotonic() + self.rng.uniform(120, 180)
                 except PgDispatchError as exc:
                     log.warning("demo workload: %s", exc)
                 self.stopping.wait(self.rng.uniform(0.8, 1.8))

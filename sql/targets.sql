@@ -18,3 +18,12 @@ SELECT t.id, t.name, t.state, t.holder_job_id, t.held_since, p.name AS holder_pr
                       ORDER BY x.attempt_no DESC LIMIT 1) a ON true
   LEFT JOIN runners r ON r.id = a.runner_id
  ORDER BY (t.state = 'uncertain') DESC, (t.state = 'held') DESC, t.name;
+
+-- name: recent_target_resolution^
+-- The latest operator resolution of a target within the last :within_seconds, with its age by
+-- the database clock (the demo's chaos runner holds off after one); the time index bounds it.
+SELECT subject, actor, at, extract(epoch FROM now() - at)::float8 AS age_seconds
+  FROM audit_events
+ WHERE at > now() - make_interval(secs => :within_seconds) AND action = 'resolve_target'
+ ORDER BY at DESC
+ LIMIT 1;

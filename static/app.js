@@ -22,4 +22,29 @@
   }
   document.addEventListener("DOMContentLoaded", function () { localize(document); });
   document.addEventListener("htmx:afterSettle", function (e) { localize(e.target); });
+
+  // A session that ended while the page was open (webapp/auth.py): the server answers 401
+  // with HX-Redirect, which htmx follows to the sign-in page. Should the header not arrive (a
+  // proxy dropping it), never swap the answer into a fragment: show why, stop polling, and go
+  // to the sign-in page the answer links to.
+  var sessionEnded = false;
+  document.addEventListener("htmx:beforeRequest", function (e) {
+    if (sessionEnded) e.preventDefault();
+  });
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    var xhr = e.detail.xhr;
+    if (!xhr || xhr.status !== 401) return;
+    e.detail.shouldSwap = false;
+    if (sessionEnded) return;
+    sessionEnded = true;
+    var answer = new DOMParser().parseFromString(xhr.responseText || "", "text/html");
+    var banner = answer.getElementById("session-ended");
+    var link = banner && banner.querySelector("a[href^='/']");
+    var target = link ? link.getAttribute("href") : "/login?ended=1";
+    var flash = document.getElementById("flash");
+    if (flash && banner) {
+      flash.replaceChildren(document.importNode(banner, true));
+    }
+    window.location.assign(target);
+  });
 })();

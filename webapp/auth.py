@@ -9,13 +9,20 @@ comparison of hashes and the audit are there, shared by every worker and host), 
 signed session carries the account's id and session generation, checked on every request:
 signing out, a new password, disabling or a demotion moves the generation on and so ends
 every session of the account, copies of the cookie included.
+
+A request whose session has ended (signed out elsewhere, a new password, disabled, demoted,
+or the cookie gone while a console page was open) is never answered with a page swapped into
+a fragment: an htmx request gets 401 with ``HX-Redirect`` to the sign-in page, which then says
+that the session ended and returns to the page the operator was on; a plain request is
+redirected there the same way. The sign-in check runs before the CSRF check, so an action
+sent from a page whose session is gone reads "session ended", not "the form expired".
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from flask import (Blueprint, Flask, make_response, redirect, render_template, request, session,
                    url_for)
@@ -62,7 +69,9 @@ def init_app(app: Flask) -> None:
     manager.user_loader(_load_user)
     manager.unauthorized_handler(_unauthorized)
     app.register_blueprint(bp)
-    app.before_request(_require_login)
+    # first of the before-request hooks: before CSRFProtect's (security.py), so that a page
+    # whose session ended gets "sign in again", not "the form expired"
+    app.before_request_funcs.setdefault(None, []).insert(0, _require_login)
 
 
 def _is_small_number(text: str) -> bool:
@@ -79,13 +88,34 @@ def _load_user(session_id: str) -> Operator | None:
 
 
 def _unauthorized():
-    target = url_for("auth.login", next=_local_path(request.full_path))
+    ended = is_htmx() or "_user_id" in session
+    target = url_for("auth.login", next=_return_path(), ended=1 if ended else None)
     if is_htmx():
-        # a redirect would be followed by the XHR and the login page swapped into a fragment
-        response = make_response("", 401)
+        # a redirect would be followed by the XHR and the sign-in page swapped into the
+        # fragment: htmx leaves the page for the sign-in page instead (static/app.js shows
+        # the same message and goes there should a proxy drop the header)
+        response = make_response(render_template("auth/_ended.html", target=target), 401)
         response.headers["HX-Redirect"] = target
+        response.headers["HX-Reswap"] = "none"
+        response.vary.add("HX-Request")
         return response
     return redirect(target)
+
+
+def _return_path() -> str | None:
+    """Where to return after signing in again: the page the operator was on.
+
+    A GET is that page; an htmx request is sent from the page its ``HX-Current-URL`` names
+    (a fragment or an action's URL is no page to return to); a plain form POST has none.
+    """
+    if is_htmx():
+        current = urlsplit(request.headers.get("HX-Current-URL", ""))
+        if current.netloc and current.netloc != request.host:
+            return None
+        return _local_path(urlunsplit(("", "", current.path, current.query, "")))
+    if request.method == "GET":
+        return _local_path(request.full_path)
+    return None
 
 
 def _require_login():
@@ -124,7 +154,8 @@ def login():
     if request.method == "GET":
         if current_user.is_authenticated:
             return redirect(next_path or url_for("overview.index"))
-        return render_template("auth/index.html", next=next_path, error=None)
+        return render_template("auth/index.html", next=next_path, error=None,
+                               ended=request.args.get("ended") == "1")
     username = request.form.get("username", "")
     password = request.form.get("password", "")
     result = {"outcome": "failed"}

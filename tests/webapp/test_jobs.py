@@ -132,7 +132,8 @@ def test_action_messages_say_what_the_job_does_now(operator, world):
     assert "it is cancelled" not in cancelled
     waiting = world.job()
     assert f"job {waiting['id']} cancelled<" in say(f"/jobs/{waiting['id']}/cancel")
-    assert f"job {waiting['id']} queued again; ready" in say(f"/jobs/{waiting['id']}/retry")
+    retried = say(f"/jobs/{waiting['id']}/retry")
+    assert f"job {waiting['id']} queued again; next in line" in retried and "(ready)" in retried
     gated = world.job(requires_approval=True)
     assert f"job {gated['id']} approved and queued; ready" in say(f"/jobs/{gated['id']}/approve")
 

@@ -8,7 +8,8 @@ from .db import transition
 from .errors import NotFound
 from .explain import read_world, reasons_for, summary_reason_counts
 from .queries import Q
-# the job lists' checks (list_jobs)
+# the job lists' checks (list_jobs) and the shows' audit trails
+from .audit import list_audit_events
 from .errors import InvalidInput, UnknownFilter
 from .explain import REASON_CODES, WAITING_STATES
 from .validate import JOB_STATES
@@ -278,3 +279,81 @@ def _list_waiting_with_reason(conn, *, reason, state, organization, project, poo
                     break
     return {"jobs": out, "order": "oldest_first",
             "next": {"after_id": cursor} if cursor is not None and out else None, "now": now}
+
+
+# --- show one project, pool, target, runner (`pgdispatch … show`, /api/v1/…/{name}) --------
+
+HOLDERS_SHOWN = 50
+
+
+def _running_jobs(conn, **filters: Any) -> list[dict[str, Any]]:
+    return list_jobs(conn, state="running", limit=HOLDERS_SHOWN, **filters)["jobs"]
+
+
+@transition("show_project")
+def show_project(conn, *, name: str) -> dict[str, Any]:
+    """One project as list_projects gives it, with "running_jobs" (the jobs holding its
+    capacity, newest first, at most HOLDERS_SHOWN; list_jobs rows) and "audit" (its last 10
+    audit events, newest first).
+
+    Raises: NotFound.
+    """
+    project = next((p for p in Q.list_projects(conn) if p["name"] == name), None)
+    if project is None:
+        raise NotFound(f"unknown project {name!r}")
+    return {**project, "running_jobs": _running_jobs(conn, project=name),
+            "audit": list_audit_events(conn, subject=f"project:{name}", limit=10)}
+
+
+@transition("list_pools")
+def list_pools(conn, *, live_seconds: float = 90.0) -> list[dict[str, Any]]:
+    """Every pool: id, name, slots (the pool's own limit) and running (slots held), and what
+    its live runners give it: runner_slots (their slots) and free_runner_slots (those not
+    running a job), both 0 when no live runner serves it."""
+    world = read_world(conn, live_seconds=live_seconds)
+    return [{**pool, "runner_slots": world.runner_slots.get(pool["id"], (0, 0))[0],
+             "free_runner_slots": world.runner_slots.get(pool["id"], (0, 0))[1]}
+            for pool in world.pools.values()]
+
+
+@transition("show_pool")
+def show_pool(conn, *, name: str, live_seconds: float = 90.0) -> dict[str, Any]:
+    """One pool as list_pools gives it, with "runners" (the live runners that serve it:
+    list_runners rows) and "running_jobs" (at most HOLDERS_SHOWN, newest first).
+
+    Raises: NotFound.
+    """
+    pool = next((p for p in list_pools(conn, live_seconds=live_seconds) if p["name"] == name), None)
+    if pool is None:
+        raise NotFound(f"unknown pool {name!r}")
+    runners = [r for r in Q.list_runners(conn, live_seconds=live_seconds)
+               if r["is_live"] and name in r["pools"]]
+    return {**pool, "runners": runners, "running_jobs": _running_jobs(conn, pool=name)}
+
+
+@transition("show_target")
+def show_target(conn, *, name: str) -> dict[str, Any]:
+    """One target as list_targets gives it (state, holder, evidence of its last attempt),
+    with "audit" (its last 10 audit events, newest first: resolutions).
+
+    Raises: NotFound.
+    """
+    target = next((t for t in Q.list_targets(conn) if t["name"] == name), None)
+    if target is None:
+        raise NotFound(f"unknown target {name!r}")
+    return {**target, "audit": list_audit_events(conn, subject=f"target:{name}", limit=10)}
+
+
+@transition("show_runner")
+def show_runner(conn, *, runner_id: int, live_seconds: float = 90.0) -> dict[str, Any]:
+    """One runner of any age (get_runner, sql/runners.sql) with "running_jobs" (the jobs it
+    runs now, newest first, at most HOLDERS_SHOWN).
+
+    Raises: NotFound (also for an id no bigint holds).
+    """
+    if isinstance(runner_id, bool) or not isinstance(runner_id, int) or not 1 <= runner_id <= MAX_BIGINT:
+        raise NotFound(f"unknown runner {runner_id}")
+    runner = Q.get_runner(conn, runner_id=runner_id, live_seconds=live_seconds)
+    if runner is None:
+        raise NotFound(f"unknown runner {runner_id}")
+    return {**runner, "running_jobs": _running_jobs(conn, runner_id=runner_id)}

@@ -1,8 +1,8 @@
 """The ``pgdispatch`` command line (click).
 
 Every command honours DATABASE_URL, else the embedded server in ./.pgdispatch/ (created and
-migrated on first use, which it says on stderr). Commands that report data print JSON
-(``--json`` where the default is text). On bad input a command prints one line on stderr,
+migrated on first use, which it says on stderr). Commands that report data print a table or
+``name: value`` lines, and JSON with ``--json`` (``submit`` prints its job as JSON). On bad input a command prints one line on stderr,
 changes nothing, and exits non-zero:
 2 usage, invalid input or not allowed (Forbidden), 3 not found, 4 conflict (already resolved, fenced out),
 5 database unavailable, 1 anything else.

@@ -84,3 +84,4 @@ def test_lists_and_shows(api, looked_at):  # noqa: F811
         assert response.status_code == 404 and "unknown" in response.get_json()["error"]
     assert api("GET", "/api/v1/projects", user=None).status_code == 401
     assert api("GET", "/api/v1/audit?limit=abc", user="victor").status_code == 422
+

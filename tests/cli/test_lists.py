@@ -8,10 +8,12 @@ import json
 
 from pgdispatch.sql import transitions
 
-from .test_cli import pgd  # noqa: F401 (the fixture: apply the config, run the CLI)
+from . import test_cli
+
+pgd = test_cli.pgd  # the fixture: the config applied, the CLI run against this test's database
 
 
-def test_jobs_list_filters_holders_and_reasons(pgd, world):  # noqa: F811
+def test_jobs_list_filters_holders_and_reasons(pgd, world):
     runner = world.runner(pools=("linux",), slots=2, name="r-cli")
     running = world.job(command=["make", "build"])
     assert world.claim(runner).job_id == running["id"]
@@ -40,7 +42,7 @@ def test_jobs_list_filters_holders_and_reasons(pgd, world):  # noqa: F811
         assert message in bad.stderr and bad.stdout == ""
 
 
-def test_show_and_explain_read_as_text_and_as_json(pgd, world):  # noqa: F811
+def test_show_and_explain_read_as_text_and_as_json(pgd, world):
     job = world.job(pool="deploy", target="production", requires_approval=True,
                     command=["deploy.sh", "production"])
     shown = pgd("jobs", "show", str(job["id"])).stdout
@@ -52,7 +54,7 @@ def test_show_and_explain_read_as_text_and_as_json(pgd, world):  # noqa: F811
     assert json.loads(pgd("jobs", "explain", str(job["id"]), "--json").stdout)["reason"] == "approval_required"
 
 
-def test_projects_pools_targets_runners_and_audit(pgd, world, conn):  # noqa: F811
+def test_projects_pools_targets_runners_and_audit(pgd, world, conn):
     runner = world.runner(pools=("linux",), slots=3, name="r-look")
     running = world.job()
     world.claim(runner)

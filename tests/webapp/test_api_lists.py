@@ -8,7 +8,10 @@ import pytest
 
 from pgdispatch.sql import transitions
 
-from .test_api import api, tokens  # noqa: F401 (the fixtures)
+from . import test_api
+
+# the fixtures: bearer tokens for alice (operator) and victor (viewer), and a client
+tokens, api = test_api.tokens, test_api.api
 
 
 @pytest.fixture
@@ -22,7 +25,7 @@ def looked_at(world):
     return {"runner": runner, "running": running["id"], "waiting": waiting}
 
 
-def test_jobs_list_filters_and_pages_with_next(api, looked_at):  # noqa: F811
+def test_jobs_list_filters_and_pages_with_next(api, looked_at):
     held = api("GET", "/api/v1/jobs?state=running&organization=acme", user="victor")
     assert held.status_code == 200
     job, = held.get_json()["jobs"]
@@ -50,13 +53,13 @@ def test_jobs_list_filters_and_pages_with_next(api, looked_at):  # noqa: F811
     ("state=queued&state=running", 422, "given more than once"),
     ("colour=red", 422, "unknown query parameter 'colour'"),
 ])
-def test_jobs_list_bad_queries(api, world, query, status, message):  # noqa: F811
+def test_jobs_list_bad_queries(api, world, query, status, message):
     world.setup()
     response = api("GET", f"/api/v1/jobs?{query}", user="victor")
     assert response.status_code == status and message in response.get_json()["error"]
 
 
-def test_lists_and_shows(api, looked_at):  # noqa: F811
+def test_lists_and_shows(api, looked_at):
     def get(path):
         response = api("GET", path, user="victor")
         assert response.status_code == 200, response.get_json()

@@ -1,8 +1,8 @@
 """The ``pgdispatch`` command line (click).
 
 Every command honours DATABASE_URL, else the embedded server in ./.pgdispatch/ (created and
-migrated on first use, which it says on stderr). Commands that report data print JSON
-(``--json`` where the default is text). On bad input a command prints one line on stderr,
+migrated on first use, which it says on stderr). Commands that report data print a table or
+``name: value`` lines, and JSON with ``--json`` (``submit`` prints its job as JSON). On bad input a command prints one line on stderr,
 changes nothing, and exits non-zero:
 2 usage, invalid input or not allowed (Forbidden), 3 not found, 4 conflict (already resolved, fenced out),
 5 database unavailable, 1 anything else.
@@ -46,6 +46,46 @@ def _json_default(value: Any) -> Any:
 def emit(data: Any) -> None:
     """Print ``data`` as indented JSON on stdout."""
     click.echo(json.dumps(data, indent=2, default=_json_default, sort_keys=False))
+
+
+def _when(ts: dt.datetime | None) -> str:
+    """A time as the human tables show it: UTC, to the second."""
+    return ts.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ") if ts else "-"
+
+
+def _seconds(value: float | None) -> str:
+    """A duration as ``45 s``, ``12 min``, ``3 h``, ``2 d`` (as the console shows it)."""
+    if value is None:
+        return "-"
+    for limit, unit, size in ((120, "s", 1), (7200, "min", 60), (172800, "h", 3600)):
+        if value < limit:
+            return f"{value / size:.0f} {unit}"
+    return f"{value / 86400:.0f} d"
+
+
+def _cut(text: str | None, width: int) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def table(rows: list[dict[str, Any]], columns: list[tuple[str, Any]], *, empty: str) -> None:
+    """Print ``rows`` as a plain table with a header: ``columns`` are (heading, row -> cell)
+    pairs. ``empty``: the one line printed when there is no row."""
+    from tabulate import tabulate
+
+    if not rows:
+        click.echo(empty)
+        return
+    click.echo(tabulate([[cell(r) for _, cell in columns] for r in rows],
+                        headers=[heading for heading, _ in columns], tablefmt="plain",
+                        disable_numparse=True))
+
+
+def fields(pairs: list[tuple[str, Any]]) -> None:
+    """Print ``name: value`` lines, the names aligned (a value None shows as -)."""
+    width = max(len(name) for name, _ in pairs)
+    for name, value in pairs:
+        click.echo(f"{name + ':':<{width + 1}} {'-' if value is None or value == '' else value}")
 
 
 class Context:
@@ -264,52 +304,126 @@ def jobs() -> None:
     """Inspect and steer jobs."""
 
 
+JOB_COLUMNS = [
+    ("ID", lambda j: str(j["id"])),
+    ("STATE", lambda j: j["state"]),
+    ("PROJECT", lambda j: f"{j['organization']}/{j['project']}"),
+    ("POOL", lambda j: j["pool"]),
+    ("TARGET", lambda j: j["target"] or "-"),
+    ("RUNNER", lambda j: j["runner"] or "-"),
+    ("AGE", lambda j: _seconds(j["age_seconds"])),
+    ("RUNNING/TOOK", lambda j: _seconds(j["running_seconds"] if j["running_seconds"] is not None
+                                        else j["duration_seconds"])),
+    ("COMMAND", lambda j: _cut(" ".join(j["command"]), 50)),
+]
+
+
 @jobs.command("show")
 @click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.pass_obj
-def jobs_show(obj: Context, job_id: int) -> None:
-    """One job with its attempts (JSON)."""
+def jobs_show(obj: Context, job_id: int, as_json: bool) -> None:
+    """One job with its attempts."""
     from pgdispatch.sql import reads
 
     with obj.connect() as conn:
-        emit(reads.show_job(conn, job_id=job_id))
+        job = reads.show_job(conn, job_id=job_id)
+    if as_json:
+        emit(job)
+        return
+    fields([("job", job["id"]), ("state", job["state"]),
+            ("project", f"{job['project']} (organization {job['organization']})"),
+            ("pool", job["pool"]), ("target", job["target"]), ("command", " ".join(job["command"])),
+            ("priority", job["priority"]), ("attempts", f"{len(job['attempts'])} of at most {job['max_attempts']}"),
+            ("depends on", ", ".join(map(str, job["depends_on"])) or None),
+            ("submitted by", job["submitted_by"]), ("created", _when(job["created_at"])),
+            ("ready at", _when(job["ready_at"])), ("started", _when(job["started_at"])),
+            ("finished", _when(job["finished_at"])), ("last error", job["last_error"])])
+    if job["attempts"]:
+        click.echo("")
+        table(job["attempts"], [
+            ("ATTEMPT", lambda a: str(a["attempt_no"])), ("STATE", lambda a: a["state"]),
+            ("RUNNER", lambda a: a.get("runner_name") or str(a.get("runner_id", "-"))),
+            ("CLAIMED", lambda a: _when(a["claimed_at"])), ("FINISHED", lambda a: _when(a["finished_at"])),
+            ("TOOK", lambda a: _seconds((a["finished_at"] - a["claimed_at"]).total_seconds())
+             if a["finished_at"] else "running"),
+            ("EXIT", lambda a: "-" if a["exit_code"] is None else str(a["exit_code"])),
+        ], empty="")
 
 
 @jobs.command("list")
-@click.option("--state", type=click.Choice(JOB_STATES), default=None,
-              help="Only jobs in this state.")
+@click.option("--state", type=click.Choice(JOB_STATES), default=None, help="Only jobs in this state.")
+@click.option("--organization", default=None, help="Only this organization's jobs.")
+@click.option("--project", default=None, help="Only this project's jobs.")
+@click.option("--pool", default=None, help="Only jobs for this pool.")
+@click.option("--target", default=None, help="Only deployments to this target.")
+@click.option("--runner", "runner_id", type=click.IntRange(1, MAX_BIGINT), default=None,
+              help="Only jobs whose latest attempt ran on this runner id (with --state running: "
+                   "the jobs it runs now).")
+@click.option("--reason", default=None, metavar="CODE",
+              help="Only waiting jobs with this reason code (any of their reasons: "
+                   "approval_required, capacity_pool…; `jobs explain` names them), oldest first.")
+@click.option("--older-than", "older_than", type=FiniteFloatRange(0), default=None,
+              metavar="SECONDS", help="Only jobs created at least this long ago.")
+@click.option("--younger-than", "younger_than", type=FiniteFloatRange(0), default=None,
+              metavar="SECONDS", help="Only jobs created less than this long ago.")
 @click.option("--limit", type=click.IntRange(1, 500), default=20, show_default=True)
-@click.option("--before-id", type=click.IntRange(1, MAX_BIGINT), default=None,
-              help="Only jobs with a smaller id (the next page: the last id shown).")
-@click.option("--json", "as_json", is_flag=True, help="Print the jobs as JSON.")
+@click.option("--before", "--before-id", "before_id", type=click.IntRange(1, MAX_BIGINT), default=None,
+              metavar="ID", help="Only jobs with a smaller id, newest first (the next page: the "
+                                 "last id shown).")
+@click.option("--after", "after_id", type=click.IntRange(0, MAX_BIGINT), default=None, metavar="ID",
+              help="Only jobs with a larger id, oldest first (jobs submitted since ID; with "
+                   "--reason, the next page).")
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs as a JSON list.")
 @click.pass_obj
-def jobs_list(obj: Context, state: str | None, limit: int, before_id: int | None,
-              as_json: bool) -> None:
-    """The newest jobs, newest first: id, state, project, pool, target and command."""
+def jobs_list(obj: Context, state: str | None, organization: str | None, project: str | None,
+              pool: str | None, target: str | None, runner_id: int | None, reason: str | None,
+              older_than: float | None, younger_than: float | None, limit: int,
+              before_id: int | None, after_id: int | None, as_json: bool) -> None:
+    """Jobs, newest first, filtered: id, state, organization/project, pool, target, runner,
+    age, running for (or how long it took) and command. When more may match, the option for
+    the next page is said on stderr (with --json too)."""
     from pgdispatch.sql import reads
 
     with obj.connect() as conn:
-        rows = reads.list_recent_jobs(conn, limit=limit, state=state,
-                                      before_id=before_id or 2**63 - 1)
+        page = reads.list_jobs(conn, state=state, organization=organization, project=project,
+                               pool=pool, target=target, runner_id=runner_id, reason=reason,
+                               older_than_seconds=older_than, younger_than_seconds=younger_than,
+                               before_id=before_id, after_id=after_id, limit=limit,
+                               live_seconds=obj.settings.lease_seconds)
     if as_json:
-        emit(rows)
-        return
-    for r in rows:
-        where = f"{r['project']}/{r['pool']}" + (f" -> {r['target']}" if r["target"] else "")
-        command = " ".join(r["command"])
-        click.echo(f"{r['id']:>8}  {r['state']:<10} {where:<30} "
-                   f"{command if len(command) <= 60 else command[:59] + '…'}")
+        emit(page["jobs"])
+    else:
+        columns = JOB_COLUMNS + ([("WHY", lambda j: ", ".join(r["code"] for r in j["reasons"]))]
+                                 if reason else [])
+        table(page["jobs"], columns, empty="no jobs match" if any(
+            v is not None for v in (state, organization, project, pool, target, runner_id, reason,
+                                    older_than, younger_than)) else "no jobs")
+    if page["next"]:
+        (name, value), = page["next"].items()
+        click.echo(f"more: --{name.removesuffix('_id')} {value}", err=True)
 
 
 @jobs.command("explain")
 @click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
 @click.pass_obj
-def jobs_explain(obj: Context, job_id: int) -> None:
-    """Why a job is not running: reason codes in precedence order, with numbers (JSON)."""
+def jobs_explain(obj: Context, job_id: int, as_json: bool) -> None:
+    """Why a job is not running: every reason in precedence order, with numbers."""
     from pgdispatch.sql import explain
 
     with obj.connect() as conn:
-        emit(explain.explain_job(conn, job_id=job_id, live_seconds=obj.settings.lease_seconds))
+        why = explain.explain_job(conn, job_id=job_id, live_seconds=obj.settings.lease_seconds)
+    if as_json:
+        emit(why)
+        return
+    if not why["reasons"]:
+        click.echo(f"job {job_id} ({why['state']}): {why['message']}")
+        return
+    click.echo(f"job {job_id} ({why['state']}) waits for {len(why['reasons'])} reason"
+               f"{'' if len(why['reasons']) == 1 else 's'}:")
+    for i, r in enumerate(why["reasons"]):
+        click.echo(f"  {r['code']}{' (primary)' if i == 0 else ''}: {r['message']}")
 
 
 def _job_action(name: str, doc: str):
@@ -337,7 +451,7 @@ _job_action("retry", "Queue a failed or cancelled job again (audited).")
 
 @cli.group()
 def projects() -> None:
-    """Pause and resume projects."""
+    """Projects: list, show, pause and resume."""
 
 
 @projects.command("pause")
@@ -372,7 +486,7 @@ def projects_resume(obj: Context, name: str, reason: str | None, as_json: bool) 
 
 @cli.group()
 def targets() -> None:
-    """Deployment targets."""
+    """Deployment targets: list, show, resolve."""
 
 
 @targets.command("resolve")
@@ -391,6 +505,258 @@ def targets_resolve(obj: Context, name: str, outcome: str, note: str, as_json: b
                                             actor=None)
     emit(result) if as_json else click.echo(
         f"target {name} resolved ({outcome}); job {result['job_id']} is {result['job_state']}")
+
+
+# --- looking: projects, pools, targets, runners, audit ---------------------------------
+
+def _json_option(what: str):
+    return click.option("--json", "as_json", is_flag=True, help=f"Print the {what} as JSON.")
+
+
+def _running_table(jobs_: list[dict[str, Any]]) -> None:
+    click.echo("")
+    click.echo("running jobs (the holders of its capacity):" if jobs_ else "running jobs: none")
+    if jobs_:
+        table(jobs_, [c for c in JOB_COLUMNS if c[0] not in ("STATE", "TARGET")], empty="")
+
+
+def _audit_table(events: list[dict[str, Any]], *, empty: str = "no audit events") -> None:
+    table(events, [("ID", lambda e: str(e["id"])), ("AT", lambda e: _when(e["at"])),
+                   ("ACTOR", lambda e: e["actor"]), ("ACTION", lambda e: e["action"]),
+                   ("SUBJECT", lambda e: e["subject"]), ("WHY", lambda e: _cut(e["reason"], 60))],
+          empty=empty)
+
+
+def _paused(p: dict[str, Any]) -> str:
+    if not p["paused_at"]:
+        return "no"
+    return f"since {_when(p['paused_at'])} by {p.get('paused_by') or '?'}: {p['pause_reason']}"
+
+
+@projects.command("list")
+@_json_option("projects")
+@click.pass_obj
+def projects_list(obj: Context, as_json: bool) -> None:
+    """Every project: organization, running (of its own bound), weight, pools, paused."""
+    from pgdispatch.sql import reads
+
+    with obj.connect() as conn:
+        rows = reads.list_projects(conn)
+    if as_json:
+        emit(rows)
+        return
+    table(rows, [("PROJECT", lambda p: p["name"]), ("ORGANIZATION", lambda p: p["organization"]),
+                 ("RUNNING", lambda p: f"{p['running']}" + (f" of {p['max_running']}"
+                                                           if p["max_running"] is not None else "")),
+                 ("WEIGHT", lambda p: str(p["weight"])), ("POOLS", lambda p: ",".join(p["pools"]) or "-"),
+                 ("PAUSED", lambda p: _cut(_paused(p), 60))], empty="no projects")
+
+
+@projects.command("show")
+@click.argument("name")
+@_json_option("project")
+@click.pass_obj
+def projects_show(obj: Context, name: str, as_json: bool) -> None:
+    """One project: limits, pause, pools, the jobs running for it, its last audit events."""
+    from pgdispatch.sql import reads
+
+    with obj.connect() as conn:
+        p = reads.show_project(conn, name=name)
+    if as_json:
+        emit(p)
+        return
+    fields([("project", p["name"]), ("organization", p["organization"]),
+            ("running", f"{p['running']} of {p['max_running']}" if p["max_running"] is not None
+             else f"{p['running']} (no bound of its own)"),
+            ("weight", p["weight"]), ("pools", ", ".join(p["pools"]) or None), ("paused", _paused(p))])
+    _running_table(p["running_jobs"])
+    click.echo("")
+    _audit_table(p["audit"])
+
+
+@targets.command("list")
+@_json_option("targets")
+@click.pass_obj
+def targets_list(obj: Context, as_json: bool) -> None:
+    """Every target, uncertain first: state, the job holding it and since when, approval."""
+    from pgdispatch.sql import reads
+
+    with obj.connect() as conn:
+        rows = reads.list_targets(conn)
+    if as_json:
+        emit(rows)
+        return
+    table(rows, [("TARGET", lambda t: t["name"]), ("STATE", lambda t: t["state"]),
+                 ("HELD BY JOB", lambda t: str(t["holder_job_id"] or "-")),
+                 ("PROJECT", lambda t: t["holder_project"] or "-"),
+                 ("SINCE", lambda t: _when(t["held_since"])),
+                 ("APPROVAL", lambda t: f"by {t['approver_role']}" if t["requires_approval"] else "-")],
+          empty="no targets")
+
+
+@targets.command("show")
+@click.argument("name")
+@_json_option("target")
+@click.pass_obj
+def targets_show(obj: Context, name: str, as_json: bool) -> None:
+    """One target: state, holder, the evidence of its last attempt, its last audit events."""
+    from pgdispatch.sql import reads
+
+    with obj.connect() as conn:
+        t = reads.show_target(conn, name=name)
+    if as_json:
+        emit(t)
+        return
+    fields([("target", t["name"]), ("state", t["state"]),
+            ("held by job", t["holder_job_id"]), ("project", t["holder_project"]),
+            ("held since", _when(t["held_since"]) if t["held_since"] else None),
+            ("approval", f"required, by {t['approver_role']}" if t["requires_approval"] else "not required"),
+            ("last attempt", f"{t['attempt_id']} ({t['attempt_state']}) on {t['runner_name']}"
+             if t["attempt_id"] else None),
+            ("last heartbeat", _when(t["last_heartbeat_at"]) if t["last_heartbeat_at"] else None)])
+    if t["state"] == "uncertain":
+        click.echo(f"\nresolve it: pgdispatch targets resolve {t['name']} --outcome "
+                   "succeeded|failed|retry --note '…'")
+    click.echo("")
+    _audit_table(t["audit"])
+
+
+@cli.group()
+def pools() -> None:
+    """Runner pools."""
+
+
+@pools.command("list")
+@_json_option("pools")
+@click.pass_obj
+def pools_list(obj: Context, as_json: bool) -> None:
+    """Every pool: pool slots (its limit) held, and the runner slots its live runners give."""
+    from pgdispatch.sql import reads
+
+    with obj.connect() as conn:
+        rows = reads.list_pools(conn, live_seconds=obj.settings.lease_seconds)
+    if as_json:
+        emit(rows)
+        return
+    table(rows, [("POOL", lambda q: q["name"]),
+                 ("POOL SLOTS", lambda q: f"{q['running']} of {q['slots']} held"),
+                 ("RUNNER SLOTS", lambda q: f"{q['runner_slots'] - q['free_runner_slots']} of "
+                                            f"{q['runner_slots']} busy" if q["runner_slots"]
+                  else "no live runner")], empty="no pools")
+
+
+@pools.command("show")
+@click.argument("name")
+@_json_option("pool")
+@click.pass_obj
+def pools_show(obj: Context, name: str, as_json: bool) -> None:
+    """One pool: its slots, its live runners, the jobs running on it."""
+    from pgdispatch.sql import reads
+
+    with obj.connect() as conn:
+        q = reads.show_pool(conn, name=name, live_seconds=obj.settings.lease_seconds)
+    if as_json:
+        emit(q)
+        return
+    fields([("pool", q["name"]), ("pool slots", f"{q['running']} of {q['slots']} held"),
+            ("runner slots", f"{q['runner_slots'] - q['free_runner_slots']} of {q['runner_slots']} busy, "
+                             f"on {len(q['runners'])} live runner(s)" if q["runner_slots"]
+             else "no live runner serves it")])
+    if q["runners"]:
+        click.echo("")
+        _runners_table(q["runners"])
+    _running_table(q["running_jobs"])
+
+
+@cli.group()
+def runners() -> None:
+    """Scheduler processes (runners)."""
+
+
+def _runner_state(r: dict[str, Any]) -> str:
+    if r["stopped_at"]:
+        return r.get("stop_reason") or "stopped"
+    return ("draining" if r["draining"] else "live") if r["is_live"] else "silent"
+
+
+def _runners_table(rows: list[dict[str, Any]]) -> None:
+    table(rows, [("ID", lambda r: str(r["id"])), ("NAME", lambda r: r["name"]),
+                 ("HOST", lambda r: f"{r['hostname']}:{r['pid']}" if r["pid"] else r["hostname"] or "-"),
+                 ("STATE", _runner_state), ("POOLS", lambda r: ",".join(r["pools"])),
+                 ("SLOTS", lambda r: f"{r['slots_used']} of {r['slots']} busy"),
+                 ("LAST BEAT", lambda r: _when(r["last_heartbeat_at"]))], empty="no runners")
+
+
+@runners.command("list")
+@_json_option("runners")
+@click.pass_obj
+def runners_list(obj: Context, as_json: bool) -> None:
+    """Runners seen or stopped within the hour: state, pools, runner slots busy, last beat."""
+    from pgdispatch.sql import reads
+
+    with obj.connect() as conn:
+        rows = reads.list_runners(conn, live_seconds=obj.settings.lease_seconds)
+    if as_json:
+        emit(rows)
+        return
+    _runners_table(rows)
+
+
+@runners.command("show")
+@click.argument("runner_id", type=click.IntRange(1, MAX_BIGINT))
+@_json_option("runner")
+@click.pass_obj
+def runners_show(obj: Context, runner_id: int, as_json: bool) -> None:
+    """One runner (of any age): its pools and grants, its slots, the jobs it runs now."""
+    from pgdispatch.sql import reads
+
+    with obj.connect() as conn:
+        r = reads.show_runner(conn, runner_id=runner_id, live_seconds=obj.settings.lease_seconds)
+    if as_json:
+        emit(r)
+        return
+    fields([("runner", f"{r['id']} {r['name']}"), ("state", _runner_state(r)),
+            ("host", f"{r['hostname']} pid {r['pid']}"), ("login", r["login"]),
+            ("pools", ", ".join(r["pools"])),
+            ("granted pools", "every pool (an unbound login)" if r["is_unbound"]
+             else ", ".join(r["granted_pools"]) or "none"),
+            ("runner slots", f"{r['slots_used']} of {r['slots']} busy"),
+            ("started", _when(r["started_at"])), ("last beat", _when(r["last_heartbeat_at"])),
+            ("stopped", _when(r["stopped_at"]) if r["stopped_at"] else None)])
+    _running_table(r["running_jobs"])
+
+
+@cli.group()
+def audit() -> None:
+    """The audit log."""
+
+
+@audit.command("list")
+@click.option("--actor", default=None, help="Only this actor's events.")
+@click.option("--action", default=None, help="Only this action (pause_project, resolve_target…).")
+@click.option("--subject", default=None,
+              help="Only subjects starting with this (project:web, job:42, target:…).")
+@click.option("--limit", type=click.IntRange(1, 500), default=20, show_default=True)
+@click.option("--before", "before_id", type=click.IntRange(1, MAX_BIGINT), default=None, metavar="ID",
+              help="Only events with a smaller id (the next page: the last id shown).")
+@_json_option("events")
+@click.pass_obj
+def audit_list(obj: Context, actor: str | None, action: str | None, subject: str | None,
+               limit: int, before_id: int | None, as_json: bool) -> None:
+    """Audit events, newest first: who did what to which subject, when and why. When more
+    may match, the option for the next page is said on stderr (with --json too)."""
+    from pgdispatch.sql import audit as audit_log
+
+    with obj.connect() as conn:
+        events = audit_log.list_audit_events(conn, before_id=before_id or MAX_BIGINT, limit=limit,
+                                             actor=actor, action=action, subject=subject)
+    if as_json:
+        emit(events)
+    else:
+        _audit_table(events, empty="no audit events match" if (actor or action or subject)
+                     else "no audit events")
+    if len(events) == limit:
+        click.echo(f"more: --before {events[-1]['id']}", err=True)
 
 
 @cli.group()

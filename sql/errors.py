@@ -15,6 +15,12 @@ class InvalidInput(PgDispatchError):
     http_status = 422
 
 
+class UnknownFilter(InvalidInput):
+    """A list was asked to filter by a name (or runner id) that does not exist: a mistyped
+    link or option. Invalid input to the console and the CLI (422, exit 2); the API answers
+    404, as for an unknown name in its path (webapp/api.py)."""
+
+
 class Forbidden(PgDispatchError):
     """The database refused the action to this identity; nothing was changed. SQLSTATE PD403:
     pgd_authorize (sql/functions/audit.sql: the login, or the user it names, may not act so),

@@ -10,6 +10,11 @@ from .errors import InvalidInput, NotFound
 from .explain import (read_world, reasons_for, summary_any_reason_counts, summary_oldest_waiting,
                       summary_reason_counts)
 from .queries import Q
+# the job lists' checks (list_jobs) and the shows' audit trails
+from .audit import list_audit_events
+from .errors import InvalidInput, UnknownFilter
+from .explain import REASON_CODES, WAITING_STATES
+from .validate import JOB_STATES
 
 # the queue's orders (list_waiting): by id, or longest waiting first
 WAITING_SORTS = ("id", "oldest")
@@ -231,3 +236,220 @@ def list_recent_jobs(conn, *, limit: int = 50, state: str | None = None,
     if state is None:
         return list(Q.list_recent_jobs(conn, limit=limit, before_id=before_id))
     return list(Q.list_recent_jobs_in_state(conn, limit=limit, state=state, before_id=before_id))
+
+
+# --- job lists (the Jobs page, `pgdispatch jobs list`, GET /api/v1/jobs) -----------------
+
+
+MAX_BIGINT = 2**63 - 1
+# An age filter beyond this says nothing more (and keeps make_interval far from overflow).
+MAX_AGE_SECONDS = 10 * 366 * 86400
+JOB_FILTERS = ("state", "organization", "project", "pool", "target", "runner_id", "reason",
+               "older_than_seconds", "younger_than_seconds")
+
+
+def _check_job_list_input(*, state, reason, runner_id, older_than_seconds,
+                          younger_than_seconds, before_id, after_id, limit) -> None:
+    if state is not None and state not in JOB_STATES:
+        raise InvalidInput(f"unknown state {state!r} (one of {', '.join(JOB_STATES)})")
+    if reason is not None and reason not in REASON_CODES:
+        raise InvalidInput(f"unknown reason {reason!r} (one of {', '.join(REASON_CODES)})")
+    for name, value in (("runner", runner_id), ("before_id", before_id), ("after_id", after_id)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or not 0 <= value <= MAX_BIGINT or (name == "runner" and value == 0)):
+            raise InvalidInput(f"{name} must be a whole number between 1 and {MAX_BIGINT}")
+    for name, value in (("older_than", older_than_seconds), ("younger_than", younger_than_seconds)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not 0 <= value <= MAX_AGE_SECONDS):
+            raise InvalidInput(f"{name} must be a number of seconds between 0 and {MAX_AGE_SECONDS}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 500:
+        raise InvalidInput("limit must be a whole number between 1 and 500")
+
+
+def _job_filter_ids(conn, *, organization, project, pool, target, runner_id) -> dict[str, Any]:
+    """The ids of the filter names; UnknownFilter naming the first that does not exist."""
+    ids = Q.find_job_filters(conn, organization=organization, project=project, pool=pool,
+                             target=target, runner_id=runner_id)
+    for name, given in (("organization", organization), ("project", project), ("pool", pool),
+                        ("target", target)):
+        if given is not None and ids[f"{name}_id"] is None:
+            raise UnknownFilter(f"unknown {name} {given!r}")
+    if runner_id is not None and ids["runner_id"] is None:
+        raise UnknownFilter(f"unknown runner {runner_id}")
+    return ids
+
+
+@transition("list_jobs")
+def list_jobs(conn, *, state: str | None = None, organization: str | None = None,
+              project: str | None = None, pool: str | None = None, target: str | None = None,
+              runner_id: int | None = None, reason: str | None = None,
+              older_than_seconds: float | None = None, younger_than_seconds: float | None = None,
+              before_id: int | None = None, after_id: int | None = None, limit: int = 50,
+              live_seconds: float = 90.0) -> dict[str, Any]:
+    """One page of jobs, filtered: the read behind the Jobs page, ``jobs list`` and
+    ``GET /api/v1/jobs``.
+
+    Filters (all optional, combined with AND): ``state`` (a job state), ``organization``,
+    ``project``, ``pool``, ``target`` (names), ``runner_id`` (the runner of the job's latest
+    attempt: the one running it, for a running job), ``older_than_seconds`` /
+    ``younger_than_seconds`` (the job's age, now minus created_at, in seconds). With
+    ``reason`` (a code of explain.REASON_CODES) the list is the queue's: waiting jobs with
+    that reason (``list_waiting``), oldest first, paged with ``after_id``.
+
+    Paging by id (keyset): without ``after_id`` the newest jobs below ``before_id``, newest
+    first; with it the oldest jobs above ``after_id`` (and below ``before_id``), oldest first.
+
+    Returns:
+        {"jobs": [row], "order": "newest_first" | "oldest_first", "next": {"before_id": id}
+        or {"after_id": id} (the same call with it gives the following page) or None (no
+        more), "now": the database's time}. Each row: id, state, priority, command, project,
+        organization, pool, target, created_at, ready_at, started_at (first claim),
+        finished_at, last_error, attempt_no, runner_id, runner (name) and claimed_at of the
+        latest attempt, age_seconds, running_seconds (running jobs: since the running
+        attempt's claim), duration_seconds (finished jobs: first claim to finish); rows of
+        a reason list also carry "reasons".
+
+    Raises:
+        InvalidInput: a state, reason, id, age or limit out of range.
+        UnknownFilter (an InvalidInput): a name or runner id that does not exist.
+    """
+    _check_job_list_input(state=state, reason=reason, runner_id=runner_id,
+                          older_than_seconds=older_than_seconds,
+                          younger_than_seconds=younger_than_seconds, before_id=before_id,
+                          after_id=after_id, limit=limit)
+    ids = _job_filter_ids(conn, organization=organization, project=project, pool=pool,
+                          target=target, runner_id=runner_id)
+    if reason is not None:
+        return _list_waiting_with_reason(
+            conn, reason=reason, state=state, organization=organization, project=project,
+            pool=pool, target_id=ids["target_id"], runner_id=runner_id,
+            older_than_seconds=older_than_seconds, younger_than_seconds=younger_than_seconds,
+            before_id=before_id, after_id=after_id or 0, limit=limit, live_seconds=live_seconds)
+    params = dict(organization_id=ids["organization_id"], project_id=ids["project_id"],
+                  pool_id=ids["pool_id"], target_id=ids["target_id"], runner_id=runner_id,
+                  older_than_seconds=older_than_seconds, younger_than_seconds=younger_than_seconds,
+                  before_id=before_id or MAX_BIGINT, after_id=after_id, limit=limit)
+    now = Q.begin_job_list(conn)["now"]
+    if state is None:
+        rows = list(Q.list_jobs(conn, **params))
+    else:
+        rows = list(Q.list_jobs_in_state(conn, state=state, **params))
+    forward = after_id is not None
+    more = len(rows) == limit
+    return {"jobs": rows, "order": "oldest_first" if forward else "newest_first",
+            "next": ({"after_id": rows[-1]["id"]} if forward else {"before_id": rows[-1]["id"]})
+                    if more else None,
+            "now": now}
+
+
+def _list_waiting_with_reason(conn, *, reason, state, organization, project, pool, target_id,
+                              runner_id, older_than_seconds, younger_than_seconds, before_id,
+                              after_id, limit, live_seconds) -> dict[str, Any]:
+    """list_jobs with a reason: pages of list_waiting (which filters by reason, organization,
+    project and pool), the other filters applied to its rows, until ``limit`` match."""
+    now = Q.begin_job_list(conn)["now"]
+    out: list[dict[str, Any]] = []
+    cursor: int | None = after_id
+    if runner_id is not None or state not in (None, *WAITING_STATES):
+        cursor = None  # a waiting job has no runner, and is in a waiting state
+    while cursor is not None and len(out) < limit:
+        page = list_waiting(conn, after_id=cursor, limit=max(limit, 200), organization=organization,
+                            project=project, pool=pool, reason=reason, live_seconds=live_seconds)
+        cursor = page["next_after_id"]
+        for job in page["jobs"]:
+            if before_id is not None and job["id"] >= before_id:
+                cursor = None
+                break
+            age = (now - job["created_at"]).total_seconds()
+            if ((state is None or job["state"] == state)
+                    and (target_id is None or job.get("target_id") == target_id)
+                    and (older_than_seconds is None or age >= older_than_seconds)
+                    and (younger_than_seconds is None or age < younger_than_seconds)):
+                out.append({**job, "runner_id": None, "runner": None, "attempt_no": None,
+                            "claimed_at": None, "age_seconds": age, "running_seconds": None,
+                            "duration_seconds": None, "started_at": job.get("started_at"),
+                            "finished_at": None, "last_error": job.get("last_error")})
+                if len(out) == limit:
+                    # more may follow: the next page starts after the last one listed
+                    cursor = job["id"]
+                    break
+    return {"jobs": out, "order": "oldest_first",
+            "next": {"after_id": cursor} if cursor is not None and out else None, "now": now}
+
+
+# --- show one project, pool, target, runner (`pgdispatch … show`, /api/v1/…/{name}) --------
+
+HOLDERS_SHOWN = 50
+
+
+def _running_jobs(conn, **filters: Any) -> list[dict[str, Any]]:
+    return list_jobs(conn, state="running", limit=HOLDERS_SHOWN, **filters)["jobs"]
+
+
+@transition("show_project")
+def show_project(conn, *, name: str) -> dict[str, Any]:
+    """One project as list_projects gives it, with "running_jobs" (the jobs holding its
+    capacity, newest first, at most HOLDERS_SHOWN; list_jobs rows) and "audit" (its last 10
+    audit events, newest first).
+
+    Raises: NotFound.
+    """
+    project = next((p for p in Q.list_projects(conn) if p["name"] == name), None)
+    if project is None:
+        raise NotFound(f"unknown project {name!r}")
+    return {**project, "running_jobs": _running_jobs(conn, project=name),
+            "audit": list_audit_events(conn, subject=f"project:{name}", limit=10)}
+
+
+@transition("list_pools")
+def list_pools(conn, *, live_seconds: float = 90.0) -> list[dict[str, Any]]:
+    """Every pool: id, name, slots (the pool's own limit) and running (slots held), and what
+    its live runners give it: runner_slots (their slots) and free_runner_slots (those not
+    running a job), both 0 when no live runner serves it."""
+    world = read_world(conn, live_seconds=live_seconds)
+    return [{**pool, "runner_slots": world.runner_slots.get(pool["id"], (0, 0))[0],
+             "free_runner_slots": world.runner_slots.get(pool["id"], (0, 0))[1]}
+            for pool in world.pools.values()]
+
+
+@transition("show_pool")
+def show_pool(conn, *, name: str, live_seconds: float = 90.0) -> dict[str, Any]:
+    """One pool as list_pools gives it, with "runners" (the live runners that serve it:
+    list_runners rows) and "running_jobs" (at most HOLDERS_SHOWN, newest first).
+
+    Raises: NotFound.
+    """
+    pool = next((p for p in list_pools(conn, live_seconds=live_seconds) if p["name"] == name), None)
+    if pool is None:
+        raise NotFound(f"unknown pool {name!r}")
+    runners = [r for r in Q.list_runners(conn, live_seconds=live_seconds)
+               if r["is_live"] and name in r["pools"]]
+    return {**pool, "runners": runners, "running_jobs": _running_jobs(conn, pool=name)}
+
+
+@transition("show_target")
+def show_target(conn, *, name: str) -> dict[str, Any]:
+    """One target as list_targets gives it (state, holder, evidence of its last attempt),
+    with "audit" (its last 10 audit events, newest first: resolutions).
+
+    Raises: NotFound.
+    """
+    target = next((t for t in Q.list_targets(conn) if t["name"] == name), None)
+    if target is None:
+        raise NotFound(f"unknown target {name!r}")
+    return {**target, "audit": list_audit_events(conn, subject=f"target:{name}", limit=10)}
+
+
+@transition("show_runner")
+def show_runner(conn, *, runner_id: int, live_seconds: float = 90.0) -> dict[str, Any]:
+    """One runner of any age (get_runner, sql/runners.sql) with "running_jobs" (the jobs it
+    runs now, newest first, at most HOLDERS_SHOWN).
+
+    Raises: NotFound (also for an id no bigint holds).
+    """
+    if isinstance(runner_id, bool) or not isinstance(runner_id, int) or not 1 <= runner_id <= MAX_BIGINT:
+        raise NotFound(f"unknown runner {runner_id}")
+    runner = Q.get_runner(conn, runner_id=runner_id, live_seconds=live_seconds)
+    if runner is None:
+        raise NotFound(f"unknown runner {runner_id}")
+    return {**runner, "running_jobs": _running_jobs(conn, runner_id=runner_id)}

@@ -21,6 +21,19 @@ SELECT pgd_stop_runner(:runner_id);
 -- One batch of the cleanup duty, if the caller holds it in that term; see pgd_run_cleanup.
 SELECT pgd_run_cleanup(:runner_id, :term, :batch);
 
+-- name: get_runner^
+-- One runner of any age (stopped long ago included), with the columns of list_runners.
+-- Read-only.
+SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
+       r.stopped_at, r.stop_reason, r.login, pgd_login_is_unbound(r.login) AS is_unbound,
+       ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
+       ARRAY(SELECT q.name FROM pools q
+              WHERE q.id = ANY (pgd_runner_login_pools(r.login)) ORDER BY q.name) AS granted_pools,
+       (r.stopped_at IS NULL AND r.last_heartbeat_at > now() - make_interval(secs => :live_seconds)) AS is_live,
+       (SELECT count(*) FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running') AS slots_used
+  FROM runners r
+ WHERE r.id = :runner_id;
+
 -- name: list_duties
 -- The elected duties with their holders (names), how long since each was done and how long
 -- its lease has left (seconds, negative when lapsed). Read-only.

@@ -15,11 +15,12 @@ from typing import Any
 from flask import Blueprint, abort, current_app, g, jsonify, request, url_for
 from werkzeug.exceptions import BadRequest, RequestEntityTooLarge, UnsupportedMediaType
 
-from pgdispatch.sql import InvalidInput, accounts, explain, reads, transitions
+from pgdispatch.sql import InvalidInput, NotFound, accounts, audit, explain, reads, transitions
+from pgdispatch.sql.errors import UnknownFilter
 
 from .auth import ROLE_RANK
 from .db import get_conn
-from .openapi import SPEC, body_error
+from .openapi import SPEC, body_error, query_values
 from .views import check_job_id
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -264,3 +265,97 @@ def resolve_target(name: str):
     return jsonify(transitions.resolve_target(get_conn(), target=name,
                                               outcome=_optional_text(body, "outcome"),
                                               note=_optional_text(body, "note"), actor=_actor()))
+
+
+# --- looking: lists and shows (the read token's role is enough) --------------------------
+
+def _next_url(endpoint: str, query: dict[str, Any], following: dict[str, int] | None) -> str | None:
+    """The URL of the next page: the same query with the cursor ``following`` gives."""
+    if not following:
+        return None
+    kept = {k: v for k, v in query.items() if k not in ("before_id", "after_id")}
+    return url_for(endpoint, **kept, **following)
+
+
+@bp.get("/jobs")
+def list_jobs():
+    """Jobs, filtered, keyset-paged by id (reads.list_jobs); a name or runner that does not
+    exist is 404, as in a path."""
+    query = query_values("listJobs", request.args)
+    try:
+        page = reads.list_jobs(
+            get_conn(), state=query.get("state"), organization=query.get("organization"),
+            project=query.get("project"), pool=query.get("pool"), target=query.get("target"),
+            runner_id=query.get("runner"), reason=query.get("reason"),
+            older_than_seconds=query.get("older_than"), younger_than_seconds=query.get("younger_than"),
+            before_id=query.get("before_id"), after_id=query.get("after_id"),
+            limit=query.get("limit", 50), live_seconds=current_app.config["RUNNER_LIVE_SECONDS"])
+    except UnknownFilter as exc:
+        raise NotFound(str(exc)) from None
+    return jsonify({"jobs": page["jobs"], "order": page["order"], "next": page["next"],
+                    "next_url": _next_url("api.list_jobs", query, page["next"])})
+
+
+@bp.get("/projects")
+def list_projects():
+    """Every project with its organization, limits, running count, pause and pools."""
+    return jsonify({"projects": reads.list_projects(get_conn())})
+
+
+@bp.get("/projects/<name>")
+def get_project(name: str):
+    """One project with the jobs running for it and its last audit events."""
+    return jsonify(reads.show_project(get_conn(), name=name))
+
+
+@bp.get("/pools")
+def list_pools():
+    """Every pool: pool slots held, and the runner slots of its live runners."""
+    return jsonify({"pools": reads.list_pools(get_conn(),
+                                              live_seconds=current_app.config["RUNNER_LIVE_SECONDS"])})
+
+
+@bp.get("/pools/<name>")
+def get_pool(name: str):
+    """One pool with its live runners and the jobs running on it."""
+    return jsonify(reads.show_pool(get_conn(), name=name,
+                                   live_seconds=current_app.config["RUNNER_LIVE_SECONDS"]))
+
+
+@bp.get("/targets")
+def list_targets():
+    """Every target, uncertain first, with its holder."""
+    return jsonify({"targets": reads.list_targets(get_conn())})
+
+
+@bp.get("/targets/<name>")
+def get_target(name: str):
+    """One target with the evidence of its last attempt and its last audit events."""
+    return jsonify(reads.show_target(get_conn(), name=name))
+
+
+@bp.get("/runners")
+def list_runners():
+    """Runners seen or stopped within the hour."""
+    return jsonify({"runners": reads.list_runners(
+        get_conn(), live_seconds=current_app.config["RUNNER_LIVE_SECONDS"])})
+
+
+@bp.get("/runners/<int:runner_id>")
+def get_runner(runner_id: int):
+    """One runner of any age with the jobs it runs now."""
+    return jsonify(reads.show_runner(get_conn(), runner_id=runner_id,
+                                     live_seconds=current_app.config["RUNNER_LIVE_SECONDS"]))
+
+
+@bp.get("/audit")
+def list_audit_events():
+    """Audit events, newest first, filtered by actor, action and subject prefix."""
+    query = query_values("listAuditEvents", request.args)
+    limit = query.get("limit", 50)
+    events = audit.list_audit_events(get_conn(), before_id=query.get("before_id", 2**63 - 1),
+                                     limit=limit, actor=query.get("actor"),
+                                     action=query.get("action"), subject=query.get("subject"))
+    following = {"before_id": events[-1]["id"]} if len(events) == limit else None
+    return jsonify({"events": events, "next": following,
+                    "next_url": _next_url("api.list_audit_events", query, following)})

@@ -1,10 +1,11 @@
-"""Jobs: recent jobs, one job's attempts, output and explanation; approve, cancel, retry."""
+"""Jobs: every job, filtered and paged; one job's attempts, output and explanation; approve, cancel, retry."""
 
 from __future__ import annotations
 
 from flask import Blueprint, current_app, redirect, render_template, request, url_for
 
 from pgdispatch.sql import InvalidInput, explain, reads, transitions
+from pgdispatch.sql.explain import REASON_CODES
 from pgdispatch.sql.validate import JOB_STATES
 
 from .db import get_conn
@@ -64,20 +65,56 @@ def _retried(job_id: int, result: dict) -> str:
     return f"job {job_id} queued again, but {_waits(job_id)}"
 
 
+# The Jobs page's filters, as the query string names them (contract: the holder links of the
+# overview and the queue, e.g. /jobs/?state=running&organization=globex, docs/console.md).
+TEXT_FILTERS = ("state", "organization", "project", "pool", "target", "reason")
+AGE_FILTERS = {"older_than": "older_than_seconds", "younger_than": "younger_than_seconds"}
+# the age menus' choices (seconds); any other number of seconds works in the URL
+AGE_CHOICES = (60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400)
+
+
+def _age_arg(name: str) -> float | None:
+    raw = request.args.get(name, "").strip()
+    if raw == "":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidInput(f"{name} must be a number of seconds, got {raw[:40]!r}") from None
+    if not 0 <= value <= reads.MAX_AGE_SECONDS:  # NaN included
+        raise InvalidInput(f"{name} must be a number of seconds between 0 and {reads.MAX_AGE_SECONDS}")
+    return value
+
+
 @bp.get("/")
 def index():
-    """The newest jobs, optionally of one state; ``?id=N`` jumps to job N."""
+    """Jobs, filtered (state, organization, project, pool, target, runner, reason, age in
+    seconds), keyset-paged by id (``before_id``: older, newest first; ``after_id``: newer,
+    oldest first); the table fragment for htmx polls. ``?id=N`` jumps to job N."""
     if request.args.get("id", "").strip():
         return redirect(url_for("jobs.detail", job_id=arg_int("id", 0, low=1)))
-    state = arg_text("state")
-    if state is not None and state not in STATES:
-        raise InvalidInput(f"unknown state {state!r}")
+    filters: dict = {name: arg_text(name) for name in TEXT_FILTERS}
+    runner = arg_int("runner", 0, low=1)
+    ages = {name: _age_arg(name) for name in AGE_FILTERS}
     limit = arg_int("limit", 50, low=1, high=500)
-    before_id = arg_int("before_id", 2**63 - 1, low=1)
-    jobs = reads.list_recent_jobs(get_conn(), limit=limit, state=state, before_id=before_id)
-    older = jobs[-1]["id"] if len(jobs) == limit else None
-    return render_view("jobs/index.html", "jobs/_table.html", jobs=jobs, state=state,
-                       states=STATES, older_than=older)
+    before_id = arg_int("before_id", 0, low=1) or None
+    # after_id=0: from the first job on, oldest first
+    after_id = arg_int("after_id", 0) if request.args.get("after_id", "").strip() else None
+    conn = get_conn()
+    page = reads.list_jobs(conn, runner_id=runner or None, limit=limit, before_id=before_id,
+                           after_id=after_id,
+                           live_seconds=current_app.config["RUNNER_LIVE_SECONDS"],
+                           **filters, **{AGE_FILTERS[k]: v for k, v in ages.items()})
+    active = {k: v for k, v in {**filters, "runner": runner or None, **ages}.items()
+              if v is not None}
+    # whole seconds in links: ?older_than=3600, not 3600.0
+    active = {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in active.items()}
+    choices = reads.list_filter_choices(conn)
+    choices["targets"] = [t["name"] for t in reads.list_targets(conn)]
+    return render_view("jobs/index.html", "jobs/_table.html", jobs=page["jobs"], listing=page,
+                       now=page["now"], filters=active, before_id=before_id, after_id=after_id,
+                       limit=limit if limit != 50 else None, states=STATES, choices=choices,
+                       reason_codes=REASON_CODES, age_choices=AGE_CHOICES)
 
 
 @bp.get("/<int:job_id>")

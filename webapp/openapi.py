@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import functools
 import json
+import math
+import re
 from typing import Any
 
 import jsonschema_rs
 
+from pgdispatch.sql import InvalidInput
+
 from pgdispatch.sql.explain import REASON_CODES
+from pgdispatch.sql.reads import MAX_AGE_SECONDS
+from pgdispatch.sql.validate import JOB_STATES
 
 _ERROR = {"$ref": "#/components/responses/Error"}
 _ERROR_CONTENT = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
@@ -68,6 +74,183 @@ def _job_action(summary: str, conflict: str) -> dict[str, Any]:
     }}
 
 
+_BIGINT = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
+_SECONDS = {"type": "number", "minimum": 0, "maximum": MAX_AGE_SECONDS}
+
+
+def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema,
+            "description": description}
+
+
+_LIMIT = _query("limit", {"type": "integer", "minimum": 1, "maximum": 500, "default": 50},
+                "at most this many (1 to 500)")
+_BEFORE = _query("before_id", _BIGINT, "only ids below this, newest first (the `next` of the "
+                                       "previous page)")
+_JOB_FILTERS = [
+    _query("state", {"enum": list(JOB_STATES)}, "only jobs in this state"),
+    _query("organization", _NAME_SCHEMA, "only this organization's jobs (404: no such organization)"),
+    _query("project", _NAME_SCHEMA, "only this project's jobs (404: no such project)"),
+    _query("pool", _NAME_SCHEMA, "only jobs for this pool (404: no such pool)"),
+    _query("target", _NAME_SCHEMA, "only deployments to this target (404: no such target)"),
+    _query("runner", _BIGINT, "only jobs whose latest attempt ran on this runner id (with "
+                              "state=running: the jobs it runs now; 404: no such runner)"),
+    _query("reason", {"enum": list(REASON_CODES)},
+           "only waiting jobs with this reason (any of their reasons); the list is then the "
+           "queue's, oldest first, paged with after_id"),
+    _query("older_than", _SECONDS, "only jobs created at least this many seconds ago"),
+    _query("younger_than", _SECONDS, "only jobs created less than this many seconds ago"),
+    _LIMIT, _BEFORE,
+    _query("after_id", {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},
+           "only ids above this, oldest first (0: from the first job)"),
+]
+_AUDIT_FILTERS = [
+    _query("actor", {"type": "string", "minLength": 1, "maxLength": 200, "pattern": _NO_NUL},
+           "only this actor's events"),
+    _query("action", {"type": "string", "minLength": 1, "maxLength": 200, "pattern": _NO_NUL},
+           "only this action (pause_project, resolve_target…)"),
+    _query("subject", {"type": "string", "minLength": 1, "maxLength": 200, "pattern": _NO_NUL},
+           "only subjects starting with this (project:web, job:42, target:…)"),
+    _LIMIT, _BEFORE,
+]
+# A list refuses what its document refuses (422), and a name that does not exist (404).
+_LIST = (401, 404, 422, *_EVERY)
+
+
+def _get(summary: str, operation_id: str, schema: str, *, parameters: list | None = None,
+         errors: tuple[int, ...] = _READ) -> dict[str, Any]:
+    return {"get": {"summary": summary, "operationId": operation_id,
+                    "parameters": parameters or [],
+                    "responses": {"200": _json({"$ref": f"#/components/schemas/{schema}"}, summary.lower()),
+                                  **_errors(*errors)}}}
+
+
+_RUNNER_ID = {"name": "runner_id", "in": "path", "required": True, "schema": _BIGINT}
+_NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
+_LIST_PATHS: dict[str, Any] = {
+    "/projects": _get("Every project", "listProjects", "ProjectList", errors=(401, *_EVERY)),
+    "/projects/{name}": _get("One project, with the jobs running for it and its last audit "
+                             "events", "getProject", "ProjectDetail", parameters=[_NAME]),
+    "/pools": _get("Every pool, with pool slots and runner slots", "listPools", "PoolList",
+                   errors=(401, *_EVERY)),
+    "/pools/{name}": _get("One pool, with its live runners and the jobs running on it",
+                          "getPool", "PoolDetail", parameters=[_NAME]),
+    "/targets": _get("Every target, uncertain first", "listTargets", "TargetList",
+                     errors=(401, *_EVERY)),
+    "/targets/{name}": _get("One target, with its last audit events", "getTarget",
+                            "TargetDetail", parameters=[_NAME]),
+    "/runners": _get("Runners seen or stopped within the hour", "listRunners", "RunnerList",
+                     errors=(401, *_EVERY)),
+    "/runners/{runner_id}": _get("One runner of any age, with the jobs it runs now",
+                                 "getRunner", "RunnerDetail", parameters=[_RUNNER_ID]),
+    "/audit": _get("Audit events, newest first", "listAuditEvents", "AuditList",
+                   parameters=_AUDIT_FILTERS, errors=(401, 422, *_EVERY)),
+}
+_LIST_SCHEMAS: dict[str, Any] = {
+    "JobListItem": {
+        "type": "object",
+        "required": ["id", "state", "project", "organization", "pool", "command", "created_at",
+                     "age_seconds"],
+        "properties": {
+            "id": {"type": "integer"}, "state": {"enum": list(JOB_STATES)},
+            "project": {"type": "string"}, "organization": {"type": "string"},
+            "pool": {"type": "string"}, "target": {"type": ["string", "null"]},
+            "command": {"type": "array", "items": {"type": "string"}},
+            "priority": {"type": "integer"},
+            "created_at": {"type": "string", "format": "date-time"},
+            "ready_at": {"type": "string", "format": "date-time"},
+            "started_at": _NULLABLE_TIME, "finished_at": _NULLABLE_TIME, "claimed_at": _NULLABLE_TIME,
+            "last_error": {"type": ["string", "null"]},
+            "runner": {"type": ["string", "null"], "description": "the latest attempt's runner"},
+            "runner_id": {"type": ["integer", "null"]}, "attempt_no": {"type": ["integer", "null"]},
+            "age_seconds": {"type": "number", "description": "now minus created_at"},
+            "running_seconds": {"type": ["number", "null"],
+                                "description": "a running job: since its running attempt's claim"},
+            "duration_seconds": {"type": ["number", "null"],
+                                 "description": "a finished job: from its first claim to its end"},
+            "reasons": {"type": "array", "description": "with reason=: why it waits",
+                        "items": {"$ref": "#/components/schemas/Reason"}},
+        },
+    },
+    "Reason": {"type": "object", "required": ["code", "message"],
+               "properties": {"code": {"enum": list(REASON_CODES)}, "message": {"type": "string"},
+                              "details": {"type": "object"}}},
+    "Next": {"type": ["object", "null"],
+             "description": "the query parameter of the next page (null: no more), e.g. "
+                            "{\"before_id\": 812}",
+             "properties": {"before_id": {"type": "integer"}, "after_id": {"type": "integer"}}},
+    "JobList": {"type": "object", "required": ["jobs", "order", "next"],
+                "properties": {
+                    "jobs": {"type": "array", "items": {"$ref": "#/components/schemas/JobListItem"}},
+                    "order": {"enum": ["newest_first", "oldest_first"]},
+                    "next": {"$ref": "#/components/schemas/Next"},
+                    "next_url": {"type": ["string", "null"]}}},
+    "Project": {"type": "object", "required": ["name", "organization", "running", "pools"],
+                "properties": {"id": {"type": "integer"}, "name": {"type": "string"},
+                               "organization": {"type": "string"}, "running": {"type": "integer"},
+                               "max_running": {"type": ["integer", "null"]},
+                               "weight": {"type": "integer"}, "paused_at": _NULLABLE_TIME,
+                               "pause_reason": {"type": ["string", "null"]},
+                               "paused_by": {"type": ["string", "null"]},
+                               "pools": {"type": "array", "items": {"type": "string"}}}},
+    "ProjectList": {"type": "object", "required": ["projects"], "properties": {
+        "projects": {"type": "array", "items": {"$ref": "#/components/schemas/Project"}}}},
+    "ProjectDetail": {"allOf": [{"$ref": "#/components/schemas/Project"}, {
+        "type": "object", "required": ["running_jobs", "audit"], "properties": {
+            "running_jobs": {"type": "array", "items": {"$ref": "#/components/schemas/JobListItem"}},
+            "audit": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEvent"}}}}]},
+    "Pool": {"type": "object",
+             "required": ["name", "slots", "running", "runner_slots", "free_runner_slots"],
+             "properties": {"id": {"type": "integer"}, "name": {"type": "string"},
+                            "slots": {"type": "integer", "description": "pool slots: the pool's limit"},
+                            "running": {"type": "integer", "description": "pool slots held"},
+                            "runner_slots": {"type": "integer",
+                                             "description": "slots of the live runners serving it"},
+                            "free_runner_slots": {"type": "integer"}}},
+    "PoolList": {"type": "object", "required": ["pools"], "properties": {
+        "pools": {"type": "array", "items": {"$ref": "#/components/schemas/Pool"}}}},
+    "PoolDetail": {"allOf": [{"$ref": "#/components/schemas/Pool"}, {
+        "type": "object", "required": ["runners", "running_jobs"], "properties": {
+            "runners": {"type": "array", "items": {"$ref": "#/components/schemas/Runner"}},
+            "running_jobs": {"type": "array", "items": {"$ref": "#/components/schemas/JobListItem"}}}}]},
+    "Target": {"type": "object", "required": ["name", "state"],
+               "properties": {"id": {"type": "integer"}, "name": {"type": "string"},
+                              "state": {"enum": ["free", "held", "uncertain"]},
+                              "holder_job_id": {"type": ["integer", "null"]},
+                              "holder_project": {"type": ["string", "null"]},
+                              "held_since": _NULLABLE_TIME,
+                              "requires_approval": {"type": "boolean"}}},
+    "TargetList": {"type": "object", "required": ["targets"], "properties": {
+        "targets": {"type": "array", "items": {"$ref": "#/components/schemas/Target"}}}},
+    "TargetDetail": {"allOf": [{"$ref": "#/components/schemas/Target"}, {
+        "type": "object", "required": ["audit"], "properties": {
+            "audit": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEvent"}}}}]},
+    "Runner": {"type": "object", "required": ["id", "name", "slots", "slots_used", "pools", "is_live"],
+               "properties": {"id": {"type": "integer"}, "name": {"type": "string"},
+                              "hostname": {"type": "string"}, "slots": {"type": "integer"},
+                              "slots_used": {"type": "integer"},
+                              "pools": {"type": "array", "items": {"type": "string"}},
+                              "is_live": {"type": "boolean"}, "draining": {"type": "boolean"},
+                              "last_heartbeat_at": {"type": "string", "format": "date-time"},
+                              "stopped_at": _NULLABLE_TIME}},
+    "RunnerList": {"type": "object", "required": ["runners"], "properties": {
+        "runners": {"type": "array", "items": {"$ref": "#/components/schemas/Runner"}}}},
+    "RunnerDetail": {"allOf": [{"$ref": "#/components/schemas/Runner"}, {
+        "type": "object", "required": ["running_jobs"], "properties": {
+            "running_jobs": {"type": "array", "items": {"$ref": "#/components/schemas/JobListItem"}}}}]},
+    "AuditEvent": {"type": "object", "required": ["id", "at", "actor", "action", "subject"],
+                   "properties": {"id": {"type": "integer"},
+                                  "at": {"type": "string", "format": "date-time"},
+                                  "actor": {"type": "string"}, "action": {"type": "string"},
+                                  "subject": {"type": "string"},
+                                  "reason": {"type": ["string", "null"]},
+                                  "details": {"type": "object"}}},
+    "AuditList": {"type": "object", "required": ["events", "next"], "properties": {
+        "events": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEvent"}},
+        "next": {"$ref": "#/components/schemas/Next"}}},
+}
+
+
 SPEC: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {
@@ -85,7 +268,12 @@ SPEC: dict[str, Any] = {
             "responses": {"200": _json({"type": "object"}, "the OpenAPI document"),
                           **_errors(414, 431)},
         }},
-        "/jobs": {"post": {
+        "/jobs": {"get": {
+            "summary": "List jobs, filtered, keyset-paged by id", "operationId": "listJobs",
+            "parameters": _JOB_FILTERS,
+            "responses": {"200": _json({"$ref": "#/components/schemas/JobList"}, "one page"),
+                          **_errors(*_LIST)},
+        }, "post": {
             "summary": "Submit a job", "operationId": "submitJob",
             "requestBody": _body({"$ref": "#/components/schemas/JobSubmission"}, required=True),
             "responses": {
@@ -151,6 +339,7 @@ SPEC: dict[str, Any] = {
                           "409": {"description": "already resolved (says by whom and when)",
                                   "content": _ERROR_CONTENT}},
         }},
+        **_LIST_PATHS,
     },
     "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
@@ -242,6 +431,7 @@ SPEC: dict[str, Any] = {
                                        "details": {"type": "object"}}}},
                 },
             },
+            **_LIST_SCHEMAS,
             "ActionResult": {"type": "object",
                              "description": "what changed, e.g. {\"job_id\": 7, \"state\": \"cancelled\"}"},
         },
@@ -333,3 +523,57 @@ def body_error(operation_id: str, body: Any) -> str | None:
     if not errors:
         return None
     return _message(min(errors, key=lambda e: _RANK.get(type(e.kind).__name__, 9)), root)
+
+
+# --- the document as the check of query parameters (the list operations) ----------------
+
+# a whole number of more digits than any bigint is refused before int() reads it
+_MAX_DIGITS = 25
+
+
+def _query_value(raw: str, schema: dict[str, Any]) -> Any:
+    """``raw`` as the type its schema says, where it reads as one; else ``raw`` itself, for
+    the schema's check to refuse."""
+    kind = schema.get("type")
+    if kind == "integer" and len(raw) <= _MAX_DIGITS and re.fullmatch(r"-?[0-9]+", raw):
+        return int(raw)
+    if kind == "number" and len(raw) <= 40:
+        try:
+            value = float(raw)
+        except ValueError:
+            return raw
+        return value if math.isfinite(value) else raw
+    return raw
+
+
+@functools.cache
+def _parameter_validator(operation_id: str, name: str):
+    schema = next(p["schema"] for p in _operations()[operation_id]["parameters"] if p["name"] == name)
+    return jsonschema_rs.Draft202012Validator(schema), schema
+
+
+def query_values(operation_id: str, args) -> dict[str, Any]:
+    """The query parameters of ``operation_id`` in ``args`` (a werkzeug MultiDict), each as
+    its schema's type, checked against the document: only those given.
+
+    Raises InvalidInput (422) naming the first parameter refused: unknown, given twice, of
+    another type, out of range, not a name."""
+    declared = [p["name"] for p in _operations()[operation_id]["parameters"] if p["in"] == "query"]
+    unknown = sorted(set(args) - set(declared))
+    if unknown:
+        raise InvalidInput(f"unknown query parameter {unknown[0][:40]!r} (one of {', '.join(declared)})")
+    values: dict[str, Any] = {}
+    for name in declared:
+        given = args.getlist(name)
+        if not given:
+            continue
+        if len(given) > 1:
+            raise InvalidInput(f"query parameter {name} is given more than once")
+        validator, schema = _parameter_validator(operation_id, name)
+        value = _query_value(given[0], schema)
+        errors = list(validator.iter_errors(value))
+        if errors:
+            error = min(errors, key=lambda e: _RANK.get(type(e.kind).__name__, 9))
+            raise InvalidInput(_message(error, schema).replace("the request body", name, 1))
+        values[name] = value
+    return values

@@ -48,12 +48,12 @@ def test_submit_show_explain(pgd, conn):
     job = json.loads(pgd("submit", "--project", "web", "--pool", "linux", "--priority", "5",
                          "--", "echo", "hello world").stdout)
     assert job["id"] > 0 and job["state"] == "queued" and job["command"] == ["echo", "hello world"]
-    shown = json.loads(pgd("jobs", "show", str(job["id"])).stdout)
+    shown = json.loads(pgd("jobs", "show", str(job["id"]), "--json").stdout)
     assert shown["priority"] == 5 and shown["attempts"] == []
     audit = conn.execute("SELECT actor, action FROM audit_events WHERE subject = %s",
                          (f"job:{job['id']}",)).fetchall()
     assert [(a["actor"], a["action"]) for a in audit] == [(conn.info.user, "submit_job")]
-    explained = json.loads(pgd("jobs", "explain", str(job["id"])).stdout)
+    explained = json.loads(pgd("jobs", "explain", str(job["id"]), "--json").stdout)
     assert explained["reason"] == "no_authorized_runner"
     assert "no live runner serves pool linux" in explained["reasons"][0]["message"]
 
@@ -63,9 +63,14 @@ def test_jobs_list_pages_the_newest_jobs_and_filters_by_state(pgd, conn):
     ids = [json.loads(pgd("submit", "--project", "web", "--pool", "linux", "--", "echo", str(i)).stdout)["id"]
            for i in range(5)]
     pgd("jobs", "cancel", str(ids[1]), "--reason", "not needed")
-    lines = pgd("jobs", "list", "--limit", "3").stdout.splitlines()
+    listed = pgd("jobs", "list", "--limit", "3")
+    header, *lines = listed.stdout.splitlines()
+    assert header.split() == ["ID", "STATE", "PROJECT", "POOL", "TARGET", "RUNNER", "AGE",
+                              "RUNNING/TOOK", "COMMAND"]
     assert [int(line.split()[0]) for line in lines] == ids[:1:-1]
-    assert lines[0].split()[1:] == ["queued", "web/linux", "echo", "4"]
+    assert lines[0].split()[:5] == [str(ids[4]), "queued", "acme/web", "linux", "-"]
+    assert lines[0].split()[-2:] == ["echo", "4"]
+    assert listed.stderr == f"more: --before {ids[2]}\n"
     older = json.loads(pgd("jobs", "list", "--limit", "3", "--before-id", str(ids[2]), "--json").stdout)
     assert [j["id"] for j in older] == [ids[1], ids[0]]
     cancelled = json.loads(pgd("jobs", "list", "--state", "cancelled", "--json").stdout)

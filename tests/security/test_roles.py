@@ -283,6 +283,13 @@ def test_web_and_reader_logins_read_what_the_console_shows(world, db_url, logins
             reads.list_filter_choices(c)
             reads.list_recent_jobs(c)
             reads.list_recent_jobs(c, state="running")
+            # the lists and shows of the CLI and the API (reads.list_jobs sets plan_cache_mode)
+            assert [j["id"] for j in reads.list_jobs(c, state="running", runner_id=runner)["jobs"]] == [job]
+            reads.list_jobs(c, reason="ready", organization="acme")
+            assert reads.show_runner(c, runner_id=runner)["slots_used"] == 1
+            reads.show_project(c, name="web")
+            reads.show_pool(c, name="linux")
+            reads.show_target(c, name="production")
             explain.explain_job(c, job_id=job)
             limits.list_limits(c)
             from pgdispatch.sql import audit

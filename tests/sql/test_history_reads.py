@@ -126,3 +126,34 @@ def test_exact_counts_by_state_still_count_every_state(conn, world, history):
     counts = {r["state"]: r["n"] for r in conn.execute(statement("count_jobs_by_state"))}
     assert counts == {"blocked": 0, "queued": QUEUED - 2, "running": 1, "uncertain": 0,
                       "succeeded": 1, "failed": 0, "cancelled": 0}
+
+
+def test_job_lists_in_one_state_read_ranges_of_the_state_index(conn, history):
+    """reads.list_jobs by state (the Jobs page, the holder links, `jobs list --state`): each
+    direction one range of jobs_state_idx, however deep the history, for rare states and
+    for the queue, with the other filters unset or set. Planned with its values, prepared or
+    not (begin_job_list: a generic plan reads a whole state's range and sorts it)."""
+    with conn.transaction():
+        reads.list_jobs(conn, state="failed", limit=1)
+        assert conn.execute("SHOW plan_cache_mode").fetchone()["plan_cache_mode"] == "force_custom_plan"
+    sql = statement("list_jobs_in_state")
+    names = list(dict.fromkeys(re.findall(r"(?<!:):(\w+)", sql)))
+    types = {"state": "text", "older_than_seconds": "float8", "younger_than_seconds": "float8"}
+    for i, name in enumerate(names, 1):
+        sql = re.sub(rf"(?<!:):{name}\b", f"${i}", sql)
+    conn.execute(f"PREPARE jobs_in_state({', '.join(types.get(n, 'bigint') for n in names)}) AS {sql}")
+    conn.execute("SET plan_cache_mode = force_custom_plan")
+    for state, after_id, project in (("failed", None, None), ("cancelled", None, history["project_id"]),
+                                     ("succeeded", None, None), ("running", None, None),
+                                     ("queued", None, None), ("failed", 0, None)):
+        values = {"state": f"'{state}'", "before_id": str(2**63 - 1), "limit": "50",
+                  "after_id": "NULL" if after_id is None else str(after_id),
+                  "project_id": "NULL" if project is None else str(project)}
+        args = ", ".join(values.get(n, "NULL") for n in names)
+        plan = explain(conn, f"EXECUTE jobs_in_state({args})")
+        # jobs_pkey: the page's own rows, looked up by id; a Bitmap Heap Scan (the range read
+        # whole, then sorted) has no index name
+        on_jobs = [n for n in plan_nodes(plan) if n.get("Relation Name") == "jobs"
+                   and n.get("Index Name") != "jobs_pkey"]
+        assert on_jobs and all(n.get("Index Name") == "jobs_state_idx" for n in on_jobs), (
+            state, json.dumps(plan, indent=1))

@@ -265,6 +265,10 @@ PATHS = [
     ("POST", "/api/v1/projects/%00/pause"), ("POST", "/api/v1/projects/nope/pause"),
     ("POST", "/api/v1/projects/" + "p" * 5000 + "/resume"),
     ("POST", "/api/v1/projects/%ff%fe/resume"), ("POST", "/api/v1/targets/%C3%A9/resolve"),
+    ("GET", "/api/v1/jobs?organization=nope"), ("GET", "/api/v1/jobs?limit=0&state=x"),
+    ("GET", "/api/v1/jobs?runner=" + "9" * 5000), ("GET", "/api/v1/jobs?older_than=1e400"),
+    ("GET", "/api/v1/projects/%00"), ("GET", f"/api/v1/runners/{2**64}"),
+    ("GET", "/api/v1/audit?actor=%00"), ("GET", "/api/v1/audit?before_id=0"),
 ]
 
 
@@ -275,7 +279,13 @@ def test_the_walk_meets_only_documented_statuses(call, world, stage):
     job = stage["job"]
     operations = [("GET", "/api/v1/openapi.json"), ("POST", "/api/v1/jobs"),
                   ("GET", f"/api/v1/jobs/{job}"), ("GET", f"/api/v1/jobs/{job}/explain"),
-                  *[("POST", p) for p in action_paths(stage)[1:]]]
+                  *[("POST", p) for p in action_paths(stage)[1:]],
+                  # the lists and shows (tests/webapp/test_api_lists.py)
+                  ("GET", "/api/v1/jobs?state=running"), ("GET", "/api/v1/projects"),
+                  ("GET", "/api/v1/projects/web"), ("GET", "/api/v1/pools"),
+                  ("GET", "/api/v1/pools/deploy"), ("GET", "/api/v1/targets"),
+                  ("GET", "/api/v1/targets/production"), ("GET", "/api/v1/runners"),
+                  ("GET", "/api/v1/runners/1"), ("GET", "/api/v1/audit")]
     assert {operation_of(m, p)["operationId"] for m, p in operations} == {
         op["operationId"] for ops in SPEC["paths"].values() for op in ops.values()}
     before = state(world.conn)
@@ -304,6 +314,7 @@ def test_the_walk_meets_only_documented_statuses(call, world, stage):
     assert state(world.conn) == before
     assert {401, 403, 400, 413, 415} <= set().union(*seen.values()), seen
     assert 404 in seen["getJob"] and 404 in seen["pauseProject"], seen
+    assert 404 in seen["listJobs"] and 422 in seen["listJobs"] and 422 in seen["listAuditEvents"], seen
 
 
 # --- a real `pgdispatch web`: gunicorn reads the request head before Flask ----------------

@@ -1,0 +1,95 @@
+"""The console's Jobs page: filters (the holder links of contract 2), the columns, paging,
+live polling, and bad input as a clear 4xx page."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+
+@pytest.fixture
+def holders(world):
+    """globex holds its capacity with two running jobs on runner r-globex; acme one, on r-acme."""
+    world.setup(pools=("linux",))
+    world.apply({"organizations": [{"name": "globex", "max_running": 2}]})
+    world.project("api", org="globex", pools=("linux",))
+    acme_runner = world.runner(name="r-acme", slots=1)
+    web = world.job(command=["make", "web"])
+    world.claim(acme_runner)
+    globex_runner = world.runner(name="r-globex", slots=4)
+    api = [world.job(project="api", command=["make", f"api{i}"]) for i in range(2)]
+    for _ in api:
+        world.claim(globex_runner)
+    waiting = world.job(project="api")
+    return {"web": web["id"], "api": [j["id"] for j in api], "waiting": waiting["id"],
+            "globex_runner": globex_runner, "acme_runner": acme_runner}
+
+
+def rows(html: str) -> list[int]:
+    return [int(i) for i in re.findall(r'id="jobs-row-(\d+)"', html)]
+
+
+def test_holder_links_list_the_jobs_holding_a_capacity(operator, holders):
+    html = operator.get("/jobs/?state=running&organization=globex").get_data(as_text=True)
+    assert rows(html) == holders["api"][::-1]
+    assert ">r-globex</a>" in html and "globex" in html
+    # the runner cell links to that runner's running jobs (a holder link itself)
+    assert f'/jobs/?state=running&amp;runner={holders["globex_runner"]}' in html
+    assert rows(operator.get(f"/jobs/?state=running&runner={holders['acme_runner']}").get_data(
+        as_text=True)) == [holders["web"]]
+    assert rows(operator.get("/jobs/?state=running&project=web").get_data(as_text=True)) == [holders["web"]]
+    assert rows(operator.get("/jobs/?state=running&pool=linux").get_data(as_text=True)) == sorted(
+        [holders["web"], *holders["api"]], reverse=True)
+    assert rows(operator.get("/jobs/?organization=globex").get_data(as_text=True)) == [
+        holders["waiting"], *holders["api"][::-1]]
+    # running for: a duration, not a timestamp
+    assert re.search(r'<span class="running-for">\d+ s</span>', html)
+
+
+def test_the_table_polls_itself_with_its_filters(operator, holders):
+    page = operator.get("/jobs/?state=running&organization=globex")
+    assert "HX-Request" in page.headers["Vary"]
+    fragment = operator.get("/jobs/?state=running&organization=globex", headers={"HX-Request": "true"})
+    html = fragment.get_data(as_text=True)
+    assert html.lstrip().startswith('<section id="jobs-table"')
+    assert 'hx-trigger="every 2s"' in html and "<html" not in html
+    poll = re.search(r'hx-get="([^"]+)"', html).group(1)
+    assert "state=running" in poll and "organization=globex" in poll
+
+
+def test_reason_and_age_filters(operator, world, holders):
+    html = operator.get("/jobs/?reason=capacity_organization").get_data(as_text=True)
+    assert rows(html) == [holders["waiting"]] and "reason-capacity_organization" in html
+    world.conn.execute("UPDATE jobs SET created_at = now() - interval '2 hours' WHERE id = %s",
+                       (holders["web"],))
+    assert rows(operator.get("/jobs/?older_than=3600").get_data(as_text=True)) == [holders["web"]]
+    assert holders["web"] not in rows(operator.get("/jobs/?younger_than=3600").get_data(as_text=True))
+
+
+def test_pages_older_and_newer(operator, world, holders):
+    ids = sorted([holders["web"], *holders["api"], holders["waiting"]], reverse=True)
+    first = operator.get("/jobs/?limit=2").get_data(as_text=True)
+    assert rows(first) == ids[:2] and f"before_id={ids[1]}" in first
+    older = operator.get(f"/jobs/?limit=2&before_id={ids[1]}").get_data(as_text=True)
+    assert rows(older) == ids[2:4]
+    newer = operator.get(f"/jobs/?limit=2&after_id={ids[3]}").get_data(as_text=True)
+    assert rows(newer) == [ids[2], ids[1]] and "oldest first" in newer
+
+
+@pytest.mark.parametrize("query, message", [
+    ("organization=nope", "unknown organization &#39;nope&#39;"),
+    ("target=nope", "unknown target &#39;nope&#39;"),
+    ("runner=424242", "unknown runner 424242"),
+    ("runner=abc", "runner must be a whole number"),
+    ("state=paused", "unknown state &#39;paused&#39;"),
+    ("reason=busy", "unknown reason &#39;busy&#39;"),
+    ("older_than=nan", "older_than must be a number of seconds between"),
+    ("younger_than=soon", "younger_than must be a number of seconds"),
+    ("before_id=-1", "before_id must be a whole number"),
+])
+def test_bad_filters_are_a_clear_4xx_page(operator, world, query, message):
+    world.setup()
+    response = operator.get(f"/jobs/?{query}")
+    assert response.status_code == 422
+    assert message in response.get_data(as_text=True)

@@ -5,15 +5,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from .db import transition
-from .errors import InvalidInput, NotFound
-from .explain import (read_world, reasons_for, summary_any_reason_counts, summary_oldest_waiting,
-                      summary_reason_counts)
-from .queries import Q
-# the job lists' checks (list_jobs) and the shows' audit trails
+# list_audit_events: the shows' audit trails
 from .audit import list_audit_events
-from .errors import InvalidInput, UnknownFilter
-from .explain import REASON_CODES, WAITING_STATES
+from .db import transition
+from .errors import InvalidInput, NotFound, UnknownFilter
+from .explain import (REASON_CODES, WAITING_STATES, read_world, reasons_for,
+                      summary_any_reason_counts, summary_oldest_waiting, summary_reason_counts)
+from .queries import Q
 from .validate import JOB_STATES
 
 # the queue's orders (list_waiting): by id, or longest waiting first

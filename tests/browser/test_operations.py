@@ -89,7 +89,7 @@ def test_admin_edits_a_limit_and_the_capacity_bar_follows(live_server, context, 
     overview = context.new_page()
     _sign_in(overview, live_server, "ada", "/")
     pool_bar = overview.locator("#capacity-pools .capacity", has_text="linux")
-    expect(pool_bar.locator(".capacity-numbers")).to_have_text("2 of 4")
+    expect(pool_bar.locator(".capacity-numbers")).to_have_text("2 of 4 pool slots")
 
     admin = context.new_page()
     admin.goto(live_server + "/admin/limits")
@@ -100,7 +100,7 @@ def test_admin_edits_a_limit_and_the_capacity_bar_follows(live_server, context, 
     expect(admin.locator("#flash")).to_contain_text("pool linux: 2 slots (2 running)")
     assert admin.url.endswith("/admin/limits")  # swapped in place by htmx
     # the overview was not reloaded: its poll shows the new limit, now full
-    expect(pool_bar.locator(".capacity-numbers")).to_have_text("2 of 2", timeout=10000)
+    expect(pool_bar.locator(".capacity-numbers")).to_have_text("2 of 2 pool slots", timeout=10000)
     expect(pool_bar).to_have_class(re.compile(r"\bis-full\b"))
     assert pool_bar.locator("meter").get_attribute("max") == "2"
 

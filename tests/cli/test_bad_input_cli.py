@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from .support import CONFIG, run_pgdispatch
+from pgdispatch.sql import transitions
+from pgdispatch.sql.config import apply_config
+
+from .support import ALICE_PASSWORD, CONFIG, run_pgdispatch
 
 HUGE = str(2**64)
 LONG = "x" * 100_000  # under Linux's 128 KiB bound for one argument
@@ -36,10 +39,10 @@ def pgd(db_url, tmp_path, conn):
     def run(*args: str):
         return run_pgdispatch(db_url, tmp_path, *args)
 
-    cfg = tmp_path / "config.toml"
-    cfg.write_text(CONFIG)
-    assert run("apply", str(cfg)).returncode == 0
-    assert run("submit", "--project", "web", "--pool", "linux", "--", "make").returncode == 0
+    # set up in this process (the commands under test run as processes; a setup by two more
+    # CLI processes per case cost the suite minutes)
+    apply_config(conn, CONFIG, env={"ALICE_PASSWORD": ALICE_PASSWORD})
+    transitions.submit(conn, project="web", pool="linux", command=["make"])
     run.tmp = tmp_path
     return run
 

@@ -12,9 +12,9 @@ from .test_cli import count, pgd  # noqa: F401  (the fixture)
 def test_jobs_show_and_explain_a_job_ready_past_year_9999(pgd, conn):  # noqa: F811
     job = json.loads(pgd("submit", "--project", "web", "--pool", "linux", "--", "true").stdout)
     conn.execute("UPDATE jobs SET ready_at = '12000-01-01' WHERE id = %s", (job["id"],))
-    shown = json.loads(pgd("jobs", "show", str(job["id"])).stdout)
+    shown = json.loads(pgd("jobs", "show", str(job["id"]), "--json").stdout)
     assert shown["ready_at"] == "9999-12-30T00:00:00+00:00"
-    explained = json.loads(pgd("jobs", "explain", str(job["id"])).stdout)
+    explained = json.loads(pgd("jobs", "explain", str(job["id"]), "--json").stdout)
     assert explained["reason"] == "retry_delayed"
 
 

@@ -135,7 +135,7 @@ def test_action_messages_say_what_the_job_does_now(operator, world):
     retried = say(f"/jobs/{waiting['id']}/retry")
     assert f"job {waiting['id']} queued again; next in line" in retried and "(ready)" in retried
     gated = world.job(requires_approval=True)
-    assert f"job {gated['id']} approved and queued; ready" in say(f"/jobs/{gated['id']}/approve")
+    assert f"job {gated['id']} approved and queued; next in line" in say(f"/jobs/{gated['id']}/approve")
 
 
 def test_a_running_job_says_for_how_long_and_where(operator, world):

@@ -21,7 +21,7 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cross-Origin-Opener-Policy": "same-origin",
 }
-SAMPLE_ARGS = {"job_id": 1, "name": "web", "username": "victor", "token_id": 1}
+SAMPLE_ARGS = {"job_id": 1, "name": "web", "username": "victor", "token_id": 1, "runner_id": 1}
 
 
 def post_rules(app):

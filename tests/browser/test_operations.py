@@ -109,7 +109,7 @@ def test_admin_edits_a_limit_and_the_capacity_bar_follows(live_server, context, 
     org.locator("xpath=ancestor::form").get_by_role("button", name="Save").click()
     expect(admin.locator("#flash")).to_contain_text("organization acme: limit 10")
     expect(overview.locator("#capacity-organizations .capacity-numbers")).to_have_text(
-        "2 of 10", timeout=10000)
+        "2 of 10 running", timeout=10000)
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     admin.screenshot(path=str(SCREENSHOTS / "admin-limits.png"), full_page=True)
 

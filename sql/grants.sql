@@ -48,7 +48,7 @@ GRANT EXECUTE ON FUNCTION pgd_organization_running, pgd_pool_running, pgd_projec
 -- which pools a runner host's login is granted, for the runners page and jobs explain (plain
 -- SQL functions over runner_grants and pg_roles: they reveal no secret)
 GRANT EXECUTE ON FUNCTION pgd_runner_login_pools, pgd_login_is_unbound, pgd_login_may_run,
-                          pgd_live_runner_pools
+                          pgd_live_runner_pools, pgd_runner_is_live
     TO pgdispatch_reader, pgdispatch_web;
 
 -- Operator (a person's CLI login; pgdispatch_admin is a member): submit, the operator

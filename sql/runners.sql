@@ -29,7 +29,7 @@ SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
        ARRAY(SELECT q.name FROM pools q
               WHERE q.id = ANY (pgd_runner_login_pools(r.login)) ORDER BY q.name) AS granted_pools,
-       (r.stopped_at IS NULL AND r.last_heartbeat_at > now() - make_interval(secs => :live_seconds)) AS is_live,
+       pgd_runner_is_live(r.stopped_at, r.last_heartbeat_at, r.beat_seconds, :live_seconds) AS is_live,
        (SELECT count(*) FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running') AS slots_used
   FROM runners r
  WHERE r.id = :runner_id;
@@ -54,7 +54,7 @@ SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (g.pool_ids) ORDER BY q.name) AS granted_pools,
        ARRAY(SELECT q.name FROM pools q
               WHERE q.id = ANY (r.pool_ids) AND NOT q.id = ANY (g.pool_ids) ORDER BY q.name) AS ungranted_pools,
-       (r.stopped_at IS NULL AND r.last_heartbeat_at > now() - make_interval(secs => :live_seconds)) AS is_live,
+       pgd_runner_is_live(r.stopped_at, r.last_heartbeat_at, r.beat_seconds, :live_seconds) AS is_live,
        (SELECT count(*) FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running') AS slots_used
   FROM runners r
  CROSS JOIN LATERAL (SELECT pgd_runner_login_pools(r.login) AS pool_ids) g
@@ -89,7 +89,7 @@ SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (g.pool_ids) ORDER BY q.name) AS granted_pools,
        ARRAY(SELECT q.name FROM pools q
               WHERE q.id = ANY (r.pool_ids) AND NOT q.id = ANY (g.pool_ids) ORDER BY q.name) AS ungranted_pools,
-       (r.stopped_at IS NULL AND r.last_heartbeat_at > now() - make_interval(secs => :live_seconds)) AS is_live,
+       pgd_runner_is_live(r.stopped_at, r.last_heartbeat_at, r.beat_seconds, :live_seconds) AS is_live,
        (SELECT count(*) FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running') AS slots_used
   FROM shown
   JOIN runners r ON r.id = shown.id

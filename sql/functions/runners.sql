@@ -270,12 +270,30 @@ BEGIN
 END;
 $$;
 
+
+-- Whether a runner is live: not stopped, and its last keep-alive newer than ``live_seconds``
+-- (the reader's bound: the console's is the lease) or two of the runner's own beats
+-- (beat_seconds, which pgd_beat_runner records), whichever is longer: a runner that beats
+-- every 15 s under a 12 s lease is not shown gone between two beats (found by a fresh-user
+-- run: the overview's live runners went 2 → 1 → 2 with every beat). The cleanup duty calls
+-- it lost after 4 silent beats (pgd_run_cleanup). A plain read helper.
+CREATE OR REPLACE FUNCTION pgd_runner_is_live(p_stopped_at timestamptz,
+                                              p_last_heartbeat_at timestamptz,
+                                              p_beat_seconds double precision,
+                                              p_live_seconds double precision)
+RETURNS boolean
+LANGUAGE sql STABLE SET search_path = public, pg_temp AS $$
+    SELECT p_stopped_at IS NULL
+       AND p_last_heartbeat_at > now() - make_interval(
+               secs => greatest(p_live_seconds, 2 * coalesce(p_beat_seconds, 0)))
+$$;
+
 -- Pools served by at least one live, non-draining runner whose login is granted the pool
 -- now, with those runners' ids and slots and how many of the slots are free (slots minus
 -- running attempts, per runner; a runner serving several pools counts its free slots for
 -- each), and the logins of live runners that ask for the pool without its grant
--- (ungranted_logins). A pool only such runners ask for has runner_slots 0. ``live_seconds``:
--- a runner whose last keep-alive is older is not live. One definition for the console's
+-- (ungranted_logins). A pool only such runners ask for has runner_slots 0. Live:
+-- pgd_runner_is_live with ``live_seconds``. One definition for the console's
 -- reads (live_runner_pools, sql/runners.sql) and the summaries duty's inputs
 -- (pgd_read_summary_inputs, sql/functions/summaries.sql). A plain read helper: it runs as
 -- its caller.
@@ -294,7 +312,7 @@ LANGUAGE sql STABLE SET search_path = public, pg_temp AS $$
      CROSS JOIN LATERAL (SELECT p.pool_id = ANY (pgd_runner_login_pools(r.login)) AS is_granted) g
      CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM attempts a
                           WHERE a.runner_id = r.id AND a.state = 'running') a
-     WHERE r.stopped_at IS NULL AND NOT r.draining
-       AND r.last_heartbeat_at > now() - make_interval(secs => p_live_seconds)
+     WHERE NOT r.draining
+       AND pgd_runner_is_live(r.stopped_at, r.last_heartbeat_at, r.beat_seconds, p_live_seconds)
      GROUP BY p.pool_id
 $$;

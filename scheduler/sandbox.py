@@ -36,6 +36,8 @@ root, can still signal the whole group of another user's processes.
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import logging
 import os
 import pwd
@@ -62,6 +64,10 @@ SLOT_FIELD = "{slot}"
 # bounded, so that a job can never hold its slot forever.
 _SWEEP_ROUNDS = 50
 _SWEEP_PAUSE_SECONDS = 0.02
+# Per-slot users are one scheduler's alone: each holds a lock per uid here (root's own
+# directory: a job's user cannot create it first, nor take a lock in it) for its lifetime.
+JOB_USER_LOCKS = Path("/run/pgdispatch/job-users")
+_held_locks: dict[int, int] = {}  # uid -> descriptor of its lock, for this process's lifetime
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,6 +316,51 @@ class Sandbox:
                 if killed:
                     log.info("killed %d processes of %s left behind by a job", killed, user.name)
 
+    def claim_users(self, lock_dir: Path = JOB_USER_LOCKS) -> None:
+        """Take the slots' users (``{slot}`` only) for this process: an exclusive ``flock``
+        per uid in ``lock_dir``, held until the process ends (a crash releases it too), the
+        holder's pid written in it. Found by a fresh-user run: two schedulers on one host
+        with the same pattern (two demos) SIGKILLed each other's jobs as leftovers, and each
+        job only said "killed by SIGKILL". A scheduler that cannot lock its directory (not
+        root: it cannot run jobs as other users either) logs why and goes on.
+
+        Raises:
+            InvalidInput: another live process holds one of the users (names it, and its
+                pid), or ``lock_dir`` is not this user's own (writable by others).
+        """
+        if not self.is_per_slot:
+            return
+        try:
+            lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning("could not make %s to lock the job users (%s): another scheduler on "
+                        "this host using the same --run-as pattern would kill these jobs",
+                        lock_dir, exc)
+            return
+        st = lock_dir.stat()
+        if st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise InvalidInput(f"{lock_dir} must be owned by uid {os.geteuid()} and writable by "
+                               f"it alone to lock the job users")
+        for user in self.users:
+            if user.uid in _held_locks:
+                continue  # this process holds it already (another sandbox of it)
+            path = lock_dir / f"{user.uid}.lock"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "?"
+                os.close(fd)
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise
+                raise InvalidInput(
+                    f"job user {user.name} (uid {user.uid}) is in use by another scheduler on "
+                    f"this host (pid {holder}): give each scheduler its own --run-as pattern "
+                    f"(docs/operations.md, \"Running jobs as another user\")") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            _held_locks[user.uid] = fd
+
     def sweep_leftovers(self) -> int:
         """Before the first job: SIGKILL every process of the slots' users (``{slot}`` only),
         which an earlier run of this scheduler left behind when it died without reaching its
@@ -366,11 +417,12 @@ class Sandbox:
 def from_settings(settings: Settings, *, slots: int = 1) -> Sandbox:
     """The sandbox ``settings`` asks for, for a scheduler with ``slots`` slots: ``run_as``
     resolved (``resolve_run_as_users``) and ``job_env_allow``; with ``{slot}``, what an
-    earlier run's jobs left behind is killed first (``Sandbox.sweep_leftovers``); warns when
-    that leaves jobs running as root (``warn_if_root``).
+    earlier run's jobs left behind is killed first (``Sandbox.sweep_leftovers``), once the
+    users are this process's (``Sandbox.claim_users``); warns when that leaves jobs running
+    as root (``warn_if_root``).
 
     Raises:
-        InvalidInput: as ``resolve_run_as_users``.
+        InvalidInput: as ``resolve_run_as_users`` and ``Sandbox.claim_users``.
     """
     env_allow = tuple(settings.job_env_allow)
     if not settings.run_as:
@@ -380,6 +432,7 @@ def from_settings(settings: Settings, *, slots: int = 1) -> Sandbox:
         sandbox = Sandbox(env_allow=env_allow, users=users)
         log.info("jobs run as %s, one user per slot (uids %s)", settings.run_as,
                  ", ".join(str(u.uid) for u in users))
+        sandbox.claim_users()  # before the sweep: never kill another scheduler's jobs
         sandbox.sweep_leftovers()
     else:
         user = resolve_run_as(settings.run_as)

@@ -494,3 +494,26 @@ def test_a_new_scheduler_kills_what_an_earlier_runs_jobs_left_behind(runner_host
         orphan.wait(10)
         for pid in processes_of(user.pw_uid):
             os.kill(pid, 9)
+
+
+def test_a_second_scheduler_with_the_same_slot_users_is_refused_and_kills_nothing(runner_host):
+    """Two schedulers on one host with one --run-as pattern: the second is refused at start
+    (one line, exit 2, naming the user and the holder's pid) before its start-up sweep, so
+    the first one's running job lives on (found by a fresh-user run: two demos on one host
+    SIGKILLed each other's jobs as leftovers)."""
+    folder, url, _ = runner_host
+    with running_scheduler(folder, url, "--run-as", SLOT_PATTERN) as first:
+        job_id = submit(url, folder, "sleep", "30")
+        wait_for_job(url, folder, first, job_id, ("running",))
+        second_folder = folder / "second"
+        second_folder.mkdir()
+        with running_scheduler(second_folder, url, "--run-as", SLOT_PATTERN) as second:
+            assert second.wait(60) == 2
+        log = (second_folder / "scheduler.log").read_text()
+        user = slot_users(1)[0]
+        assert re.search(rf"job user {user.pw_name} \(uid {user.pw_uid}\) is in use by another "
+                         rf"scheduler on this host \(pid {first.pid}\)", log), log
+        assert "Traceback" not in log
+        shown = json.loads(run_pgdispatch(url, folder, "jobs", "show", str(job_id), "--json").stdout)
+        assert shown["state"] == "running", shown
+        assert first.poll() is None

@@ -22,10 +22,9 @@ def _ts(value: str | None) -> dt.datetime | None:
     return dt.datetime.fromisoformat(value) if value is not None else None
 
 
-def world_from_inputs(inputs: dict[str, Any]) -> tuple[list[dict[str, Any]], World, int]:
-    """The summary rows, the World and the number of uncertain jobs from the jsonb of
-    pgd_read_summary_inputs (sql/functions/summaries.sql): the same values read_world and
-    read_queue_summaries give (timestamps as aware datetimes; tests/sql/test_history.py)."""
+def world_from_inputs(inputs: dict[str, Any]) -> tuple[list[dict[str, Any]], World]:
+    """The summary rows and the World from the jsonb of pgd_read_summary_inputs
+    (sql/functions/summaries.sql): the same values read_world and read_queue_summaries give (timestamps as aware datetimes; tests/sql/test_history.py)."""
     projects = {}
     for p in inputs["projects"]:
         projects[p["id"]] = {**p, "paused_at": _ts(p["paused_at"]),
@@ -48,16 +47,21 @@ def world_from_inputs(inputs: dict[str, Any]) -> tuple[list[dict[str, Any]], Wor
                           if r["ungranted_logins"]},
         runner_ids={r["pool_id"]: list(r["runner_ids"]) for r in live if r["runner_slots"] > 0},
     )
-    return summaries, world, inputs["uncertain"]
+    return summaries, world
 
 
 @transition("record_reason_counts")
 def record_reason_counts(conn, *, runner_id: int, term: int, counts: dict[str, int] | str) -> bool:
-    """Record the waiting jobs by primary reason ({code: n}) into the current minute of
-    queue_reason_history, fenced by the summaries duty (pgd_record_reason_counts): False,
-    and nothing written, when ``runner_id`` does not hold it in ``term``.
+    """Record the waiting jobs by primary reason ({code: n}, as explain.summary_reason_counts
+    counts them from the summary rows) as the current minute's snapshot of
+    queue_reason_history, the uncertain jobs added under target_uncertain; the minute keeps
+    the snapshot with the most waiting jobs, whole (pgd_record_reason_counts). Fenced by the
+    summaries duty: False, and nothing written, when ``runner_id`` does not hold it in
+    ``term`` or the connection's login is not the runner's.
 
-    Raises: InvalidInput when ``counts`` is not an object of reason codes to counts >= 0."""
+    Raises: InvalidInput (nothing written) when ``counts`` is not an object of reason codes
+    (explain.REASON_CODES) to whole numbers >= 0, or they sum to more than the summary's
+    waiting jobs."""
     text = counts if isinstance(counts, str) else json.dumps(counts)
     return bool(Q.record_reason_counts(conn, runner_id=runner_id, term=term, counts=text))
 
@@ -78,8 +82,10 @@ def read_queue_history(conn, *, span: str = "hour") -> dict[str, Any]:
     bucket of the span], "pools": {pool name: [{"at", "waiting", "running",
     "oldest_wait_seconds", "claimed", "wait_p50_seconds", "wait_p95_seconds"} or None per
     point]}, "reasons": {code: [waiting or None per point]}}. A bucket of several minutes
-    takes the most waiting and running and the longest oldest wait of its minutes, the sum
-    of their claims, the claim-weighted mean of their p50 and the largest of their p95.
+    takes, per pool, the most waiting and running and the longest oldest wait of its minutes
+    (each maybe of another minute), the sum of their claims, the claim-weighted mean of
+    their p50 and the largest of their p95; and for the reasons the counts of one minute,
+    the one with the most waiting jobs (a snapshot: they sum to jobs waiting at one moment).
     None: no row for that bucket (no summaries duty ran). Reads the two history tables'
     primary keys over the span only.
 

@@ -346,7 +346,7 @@ CREATE TABLE queue_history (
 );
 
 -- Waiting jobs by primary reason (sql/explain.py, summary_reason_counts), one row per reason
--- per minute: the most seen in that minute. Written by the summaries duty
+-- per minute: one snapshot, the minute's pass that counted the most. Written by the summaries duty
 -- (pgd_record_reason_counts, sql/functions/summaries.sql); pruned with queue_history.
 CREATE TABLE queue_reason_history (
     at      timestamptz NOT NULL,                -- the minute

@@ -485,9 +485,9 @@ def run_summaries(conn, *, runner_id: int, term: int, live_seconds: float = 90.0
                                    live_seconds=live_seconds)
     if inputs is None:
         return False
-    summaries, world, uncertain = history.world_from_inputs(inputs)
+    summaries, world = history.world_from_inputs(inputs)
+    # the uncertain jobs, not in the summary, are added by pgd_record_reason_counts
     counts = explain.summary_reason_counts(summaries, world)
-    counts["target_uncertain"] += uncertain  # as the overview counts them (reads.overview)
     return history.record_reason_counts(conn, runner_id=runner_id, term=term, counts=counts)
 
 

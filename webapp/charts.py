@@ -1,6 +1,7 @@
 """The overview's charts, drawn on the server as SVG with pygal (no JavaScript, no build):
 waiting jobs by primary reason, running jobs by pool, the wait from ready to claimed (p50 /
-p95 of the jobs claimed, per pool) and the oldest waiting job per pool, over the last hour
+p95 of the jobs claimed, per pool) and the wait of the oldest queued job per pool (since its
+ready time; blocked jobs and delayed retries left out), over the last hour
 (by the minute) or the last day (by 10 minutes), from the rolled-up history the summaries
 duty writes (sql/history.py). Served as images (``<img>``), so that the page's strict CSP
 is untouched: each SVG answer carries its own policy, styles only, no script."""
@@ -8,6 +9,7 @@ is untouched: each SVG answer carries its own policy, styles only, no script."""
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +26,10 @@ CHARTS = {
     "depth": ("Waiting jobs by primary reason", "waiting jobs, stacked by their primary reason"),
     "running": ("Running jobs by pool", "running jobs, stacked by pool"),
     "wait": ("Wait from ready to claimed", "the p50 and p95 wait of the jobs claimed, per pool"),
-    "oldest": ("Oldest waiting job", "how long the oldest ready job of each pool had waited"),
+    # queue_history.oldest_wait_seconds: the summary's oldest_ready_at (sql/functions/summaries.sql)
+    "oldest": ("Oldest queued job's wait",
+               "how long the oldest queued job of each pool (whatever holds it; blocked jobs "
+               "and delayed retries left out) had waited since it became ready"),
 }
 
 # the console's palette (static/app.css), then distinct hues for the rest
@@ -58,16 +63,36 @@ def _chart(kind: Callable[..., Any], title: str, history: dict[str, Any], *,
     return chart
 
 
-# tick steps that read well: counts, then durations in seconds
+# tick steps that read well: counts, then durations in seconds; past the last, 1, 2 or 5
+# times a power of ten of it
 _COUNT_STEPS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 50000, 100000)
 _SECOND_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400,
                  21600, 43200, 86400, 172800, 604800)
+# at most this many intervals between ticks, so at most MAX_TICKS + 2 labels, whatever the values
+MAX_TICKS = 5
+
+
+def _tick_step(top: float, steps: tuple[int, ...]) -> int:
+    """The least step of ``steps`` (or past its last, its last times 1, 2 or 5 times a power
+    of ten) that splits 0..``top`` into at most MAX_TICKS intervals."""
+    for step in steps:
+        if top / step <= MAX_TICKS:
+            return step
+    need = top / MAX_TICKS / steps[-1]  # > 1 here
+    power = 10 ** math.floor(math.log10(need))
+    return steps[-1] * next(f * power for f in (1, 2, 5, 10) if f * power >= need)
 
 
 def _y_labels(chart: Any, top: float, steps: tuple[int, ...]) -> None:
-    # whole ticks (no "0, 0, 1, 1" from a count axis split into fractions), at most 6
-    step = next((s for s in steps if top / s <= 5), steps[-1])
+    # whole ticks (no "0, 0, 1, 1" from a count axis split into fractions), a bounded number
+    # of them: a huge value must not make thousands of labels
+    step = _tick_step(top, steps)
     chart.y_labels = [step * k for k in range(int(top // step) + 2)]
+
+
+def _finite(value: Any) -> Any:
+    # pygal cannot place an infinite or NaN value (a wait since -infinity): a gap instead
+    return value if value is None or math.isfinite(value) else None
 
 
 def _present(values: list[Any]) -> bool:
@@ -95,13 +120,13 @@ def render(name: str, history: dict[str, Any]) -> bytes:
         chart = _chart(pygal.Line, title, history, is_duration=True)
         for pool, rows in pools.items():
             for key, label in (("wait_p95_seconds", "p95"), ("wait_p50_seconds", "p50")):
-                values = [r[key] if r else None for r in rows]
+                values = [_finite(r[key]) if r else None for r in rows]
                 if _present(values):
                     chart.add(f"{pool} {label}", values)
     elif name == "oldest":
         chart = _chart(pygal.Line, title, history, is_duration=True)
         for pool, rows in pools.items():
-            values = [r["oldest_wait_seconds"] if r else None for r in rows]
+            values = [_finite(r["oldest_wait_seconds"]) if r else None for r in rows]
             if _present(values):
                 chart.add(pool, values)
     else:

@@ -144,19 +144,32 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
      WHERE d.runner_id = s.id AND d.expires_at > now()
 $$;
 
--- Whether the runner holds the duty in this term now (read only, no lock): the cheap check
--- a duty run makes before its work. Internal.
+-- Whether the session may act for the runner: session_user is the login that registered
+-- it, or an unbound one (sql/functions/claim.sql). The one check of every duty entry point
+-- (pgd_holds_duty, pgd_stamp_duty): a runner id and a term are small numbers any runner
+-- login can guess. Internal.
+CREATE OR REPLACE FUNCTION pgd_session_is_runner(p_runner_id bigint)
+RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM runners r WHERE r.id = p_runner_id
+                      AND (r.login = session_user OR pgd_login_is_unbound(session_user)))
+$$;
+
+-- Whether the runner holds the duty in this term now, asked by its own login
+-- (pgd_session_is_runner; read only, no lock): the cheap check a duty run makes before its
+-- work, and the fence of the duty's reads. Internal.
 CREATE OR REPLACE FUNCTION pgd_holds_duty(p_runner_id bigint, p_term bigint, p_duty text)
 RETURNS boolean
 LANGUAGE sql STABLE AS $$
     SELECT EXISTS (SELECT 1 FROM duty_leases d
                     WHERE d.duty = p_duty AND d.runner_id = p_runner_id AND d.term = p_term
                       AND d.expires_at > now())
+           AND pgd_session_is_runner(p_runner_id)
 $$;
 
 -- The fence of a duty run: stamp last_done_at (and count the run) only when the runner
 -- still holds the duty in the term the run was started under, and the session is the
--- runner's login (or an unbound one). The row stays locked until the caller's transaction
+-- runner's login (or an unbound one: pgd_session_is_runner). The row stays locked until the caller's transaction
 -- ends, so a takeover waits for the stamp's commit or rollback, never overlaps it. Called
 -- last in a duty's transaction (the lock is then held for an instant). Internal.
 CREATE OR REPLACE FUNCTION pgd_stamp_duty(p_runner_id bigint, p_term bigint, p_duty text)
@@ -165,9 +178,7 @@ LANGUAGE sql AS $$
     WITH s AS (
         UPDATE duty_leases d SET last_done_at = now(), done_count = d.done_count + 1
          WHERE d.duty = p_duty AND d.runner_id = p_runner_id AND d.term = p_term
-           AND d.expires_at > now()
-           AND EXISTS (SELECT 1 FROM runners r WHERE r.id = p_runner_id
-                          AND (r.login = session_user OR pgd_login_is_unbound(session_user)))
+           AND d.expires_at > now() AND pgd_session_is_runner(p_runner_id)
         RETURNING 1
     )
     SELECT count(*) = 1 FROM s

@@ -120,7 +120,9 @@ $$;
 
 -- Record the current minute of queue_history from the summary rows, the running attempts
 -- and the minute's claims: per pool, the most waiting (queued and ready), the most running
--- and the longest wait (seconds) seen in that minute, and the minute's claims so far with
+-- and the longest wait (seconds) seen in that minute, the wait being the oldest ready job's
+-- (queued, its ready_at passed, whatever holds it: blocked jobs and delayed retries are not
+-- counted; oldest_ready_at of queue_summaries), and the minute's claims so far with
 -- their wait p50 / p95 (recounted whole on every pass). In the first 30 seconds of a minute
 -- the previous minute's claims are recounted too, so that a claim committed after that
 -- minute's last pass is still counted. Internal.
@@ -164,12 +166,12 @@ $$;
 -- What the summaries duty's holder needs to count the waiting jobs by primary reason in
 -- Python (sql/explain.py, summary_reason_counts): the summary rows and the world of
 -- read_world, as one jsonb {"now", "summaries", "organizations", "projects", "pools",
--- "grants", "uncertain" (jobs), "live"} whose rows have the columns of the named statements read_world uses
--- (list_organizations, list_projects, list_pools, list_grants: sql/projects.sql;
--- live: pgd_live_runner_pools, sql/functions/runners.sql; tests/sql/test_history.py checks
--- they agree), for a
--- scheduler login, which may read no table. NULL when the caller does not hold the duty in
--- that term. Read-only.
+-- "grants", "live"} whose rows have the columns of the named statements read_world uses
+-- (list_organizations, list_projects, list_pools, list_grants: sql/projects.sql; live:
+-- pgd_live_runner_pools, sql/functions/runners.sql; tests/sql/test_history.py checks they
+-- agree), for a scheduler login, which may read no table. NULL when the runner does not
+-- hold the duty in that term, or the session is not the runner's login (pgd_holds_duty:
+-- another host's login learns nothing by guessing a runner id and a term). Read-only.
 CREATE OR REPLACE FUNCTION pgd_read_summary_inputs(p_runner_id bigint, p_term bigint,
                                                    p_live_seconds double precision)
 RETURNS jsonb
@@ -194,39 +196,84 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
                     FROM pools),
         'grants', (SELECT coalesce(jsonb_agg(jsonb_build_array(project_id, pool_id)), '[]')
                      FROM project_pools),
-        -- uncertain jobs are not in the summary: the overview counts them apart (reads.overview)
-        'uncertain', (SELECT count(*) FROM jobs WHERE state = 'uncertain'),
         'live', (SELECT coalesce(jsonb_agg(to_jsonb(l)), '[]')
                    FROM pgd_live_runner_pools(p_live_seconds) l))
     END
 $$;
 
--- Record the waiting jobs by primary reason ({"code": n, ...}, counted by the duty's holder
--- from pgd_read_summary_inputs) for the current minute of queue_reason_history: per reason,
--- the most seen in that minute. Fenced: false, and nothing written, when the caller does not
--- hold the summaries duty in that term. Raises PD422 when p_counts is not an object of
--- reason codes to counts >= 0.
+-- The reason codes, in their order of precedence: a copy of REASON_CODES of sql/explain.py
+-- (where they are defined), which tests/sql/test_history.py compares with this one. What
+-- pgd_record_reason_counts accepts. Internal.
+CREATE OR REPLACE FUNCTION pgd_reason_codes()
+RETURNS text[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY['dependency_pending', 'approval_required', 'project_paused', 'retry_delayed',
+                 'no_authorized_runner', 'capacity_organization', 'capacity_project',
+                 'capacity_pool', 'target_held', 'target_uncertain', 'runners_busy', 'ready']
+$$;
+
+-- Record the waiting jobs by primary reason for the current minute of queue_reason_history:
+-- p_counts ({"code": n, ...}) counted by the duty's holder from the summary rows
+-- (pgd_read_summary_inputs, explain.summary_reason_counts), plus the jobs whose deployment
+-- is uncertain, counted here under target_uncertain (they are not in the summary; the
+-- overview counts them so too: reads.overview). One row per reason code, zeros included.
+-- One snapshot per minute: a record whose total is at least the minute's recorded total
+-- replaces the minute's rows together, a smaller one is dropped; so the minute holds the
+-- counts of one moment (the one with the most waiting jobs, the latest of equals), whose sum
+-- is a number of jobs that were waiting at once, never one job under two reasons.
+-- Fenced: false, and nothing written, when the runner does not hold the summaries duty in
+-- that term or the session is not its login (pgd_holds_duty). Raises PD422, writing
+-- nothing, when p_counts is not an object of reason codes (pgd_reason_codes) to whole
+-- numbers >= 0, or when the counts sum to more than the waiting jobs of the summary rows
+-- (blocked, delayed and ready; what summary_reason_counts splits).
 CREATE OR REPLACE FUNCTION pgd_record_reason_counts(p_runner_id bigint, p_term bigint,
                                                     p_counts jsonb)
 RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v_codes     text[] := pgd_reason_codes();
+    v_minute    timestamptz := date_trunc('minute', now());
+    v_bad       text;
+    v_given     bigint;
+    v_waiting   bigint;
+    v_uncertain bigint;
+    v_recorded  bigint;
 BEGIN
-    IF jsonb_typeof(p_counts) IS DISTINCT FROM 'object'
-       OR EXISTS (SELECT 1 FROM jsonb_each(p_counts) e
-                   WHERE e.key !~ '^[a-z_]{1,40}$'
-                      OR CASE WHEN jsonb_typeof(e.value) <> 'number' THEN true
-                              ELSE e.value::numeric NOT BETWEEN 0 AND 2147483647
-                                   OR e.value::numeric <> trunc(e.value::numeric) END) THEN
-        RAISE EXCEPTION 'reason counts must map reason codes to whole numbers >= 0'
+    IF jsonb_typeof(p_counts) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'reason counts must be an object of reason codes to counts'
             USING ERRCODE = 'PD422';
+    END IF;
+    SELECT k INTO v_bad FROM jsonb_object_keys(p_counts) k WHERE k <> ALL (v_codes) LIMIT 1;
+    IF FOUND THEN
+        RAISE EXCEPTION 'unknown reason code % in the reason counts (one of: %)',
+            quote_literal(left(v_bad, 40)), array_to_string(v_codes, ', ')
+            USING ERRCODE = 'PD422';
+    END IF;
+    IF EXISTS (SELECT 1 FROM jsonb_each(p_counts) e
+                WHERE CASE WHEN jsonb_typeof(e.value) <> 'number' THEN true
+                           ELSE e.value::numeric NOT BETWEEN 0 AND 2147483647
+                                OR e.value::numeric <> trunc(e.value::numeric) END) THEN
+        RAISE EXCEPTION 'reason counts must be whole numbers >= 0' USING ERRCODE = 'PD422';
     END IF;
     IF NOT pgd_holds_duty(p_runner_id, p_term, 'summaries') THEN
         RETURN false;
     END IF;
-    INSERT INTO queue_reason_history AS h (at, reason, waiting)
-    SELECT date_trunc('minute', now()), e.key, (e.value::numeric)::integer
-      FROM jsonb_each(p_counts) e
-    ON CONFLICT (at, reason) DO UPDATE SET waiting = greatest(h.waiting, excluded.waiting);
+    SELECT coalesce(sum((e.value::numeric)::bigint), 0) INTO v_given FROM jsonb_each(p_counts) e;
+    SELECT coalesce(sum(blocked_dependency + blocked_approval + queued_ready + queued_delayed), 0)
+      INTO v_waiting FROM queue_summaries;
+    IF v_given > v_waiting THEN
+        RAISE EXCEPTION 'reason counts sum to %, more than the % waiting jobs of the summary',
+            v_given, v_waiting USING ERRCODE = 'PD422';
+    END IF;
+    SELECT count(*) INTO v_uncertain FROM jobs WHERE state = 'uncertain';
+    SELECT sum(waiting) INTO v_recorded FROM queue_reason_history WHERE at = v_minute;
+    IF v_recorded IS NULL OR v_given + v_uncertain >= v_recorded THEN
+        DELETE FROM queue_reason_history WHERE at = v_minute;
+        INSERT INTO queue_reason_history (at, reason, waiting)
+        SELECT v_minute, c, (coalesce((p_counts ->> c)::numeric, 0)
+                             + CASE WHEN c = 'target_uncertain' THEN v_uncertain ELSE 0 END)::integer
+          FROM unnest(v_codes) c;
+    END IF;
     RETURN true;
 END;
 $$;

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 
 import pytest
 
 from pgdispatch.sql import InvalidInput, db, history, reads, transitions
-from pgdispatch.sql.explain import read_world
+from pgdispatch.sql.explain import REASON_CODES, read_world
 from pgdispatch.sql.queries import Q
 
 from .. import variants
@@ -111,7 +112,7 @@ def test_the_duty_records_the_waiting_jobs_by_primary_reason_as_the_overview_cou
     assert recorded["ready"] == 3 and recorded["no_authorized_runner"] == 1
     assert recorded["dependency_pending"] == 1
 
-    # the most seen in the minute stays: two claims later, the minute still says 3 ready
+    # the minute keeps its snapshot with the most waiting: two claims later, still 3 ready
     world.claim(runner), world.claim(runner)
     assert transitions.run_summaries(world.conn, runner_id=runner, term=term)
     again = {r["reason"]: r["waiting"] for r in world.conn.execute(
@@ -134,14 +135,60 @@ def test_a_runner_that_does_not_hold_the_duty_records_nothing(world):
     assert world.conn.execute("SELECT count(*) AS n FROM queue_history").fetchone()["n"] == 0
 
 
+def minute_reasons(world) -> dict[str, int]:
+    return {r["reason"]: r["waiting"] for r in world.conn.execute(
+        "SELECT reason, waiting FROM queue_reason_history WHERE at = date_trunc('minute', now())")}
+
+
+# 50,000 keys that look like codes (lower case and _), none of them one
+JUNK = json.dumps({"junk_" + "".join(chr(97 + i // 26 ** k % 26) for k in range(4)): 0
+                   for i in range(50_000)})
+
+
 @pytest.mark.parametrize("counts", ['[1]', '{"ready": -1}', '{"ready": 1.5}', '{"ready": "2"}',
-                                    '{"Robert); DROP": 1}'])
-def test_reason_counts_that_are_not_counts_are_refused(world, counts):
+                                    '{"Robert); DROP": 1}', '{"nosuch": 0}', '{"ready": 3}',
+                                    '{"ready": 1, "capacity_pool": 1, "target_held": 1}',
+                                    pytest.param(JUNK, id="50000 junk keys")])
+def test_reason_counts_that_are_not_counts_are_refused_and_nothing_is_written(world, counts):
+    """Only reason codes, only whole numbers, and no more jobs than the summary has waiting
+    (2 here); 50,000 junk keys are refused as one."""
     world.setup()
     runner = world.runner()
+    world.job(), world.job()
     term = summaries_term(world, runner)
-    with pytest.raises(InvalidInput):
+    transitions.summarize_queue(world.conn)
+    assert history.record_reason_counts(world.conn, runner_id=runner, term=term,
+                                        counts={"ready": 1, "capacity_pool": 1})
+    with pytest.raises(InvalidInput), world.conn.transaction():
         history.record_reason_counts(world.conn, runner_id=runner, term=term, counts=counts)
+    assert {k: v for k, v in minute_reasons(world).items() if v} == {"ready": 1, "capacity_pool": 1}
+
+
+def test_the_sql_list_of_reason_codes_is_explains(world):
+    """pgd_record_reason_counts accepts the codes of pgd_reason_codes, a copy of
+    explain.REASON_CODES: the two must not drift."""
+    assert world.conn.execute("SELECT pgd_reason_codes() AS c").fetchone()["c"] == list(REASON_CODES)
+
+
+def test_a_minute_holds_one_snapshot_when_the_primary_reasons_flip(world):
+    """Three jobs waiting for a runner slot, then (the pool's limit reached) for the pool:
+    the minute's stack is 3, not 6."""
+    world.setup()
+    runner = world.runner()
+    for _ in range(3):
+        world.job()
+    term = summaries_term(world, runner)
+    transitions.summarize_queue(world.conn)
+
+    def record(counts):
+        assert history.record_reason_counts(world.conn, runner_id=runner, term=term, counts=counts)
+        return {k: v for k, v in minute_reasons(world).items() if v}
+
+    assert record({"runners_busy": 3}) == {"runners_busy": 3}
+    assert record({"capacity_pool": 3}) == {"capacity_pool": 3}  # as many: the latest
+    assert record({"capacity_pool": 1, "ready": 1}) == {"capacity_pool": 3}  # fewer: dropped
+    assert record({"ready": 1, "capacity_pool": 2}) == {"ready": 1, "capacity_pool": 2}
+    assert sorted(minute_reasons(world)) == sorted(REASON_CODES)  # zeros too: every code
 
 
 def test_the_duty_reads_the_same_world_as_the_console(world):
@@ -157,7 +204,7 @@ def test_the_duty_reads_the_same_world_as_the_console(world):
     transitions.summarize_queue(world.conn)
 
     inputs = Q.read_summary_inputs(world.conn, runner_id=runner, term=term, live_seconds=90.0)
-    summaries, duty_world, uncertain = history.world_from_inputs(inputs)
+    summaries, duty_world = history.world_from_inputs(inputs)
     console = read_world(world.conn, live_seconds=90.0)
     for field in dataclasses.fields(console):
         if field.name == "targets":
@@ -167,26 +214,42 @@ def test_the_duty_reads_the_same_world_as_the_console(world):
               for s in Q.read_queue_summaries(world.conn)]
     assert sorted(summaries, key=lambda s: (s["project_id"], s["pool_id"])) == \
         sorted(wanted, key=lambda s: (s["project_id"], s["pool_id"]))
-    assert uncertain == 0
 
 
 @pytest.mark.own_database
-def test_a_runner_login_runs_the_whole_duty(world, db_url):
-    """A runner host's login may read no table: the duty reads through its entry points."""
+def test_a_runner_login_runs_the_whole_duty_and_another_login_cannot_act_for_it(world, db_url):
+    """A runner host's login may read no table: the duty reads through its entry points.
+    Another host's login, with the holder's runner id and term (small numbers, easy to
+    guess), reads nothing and writes nothing."""
     logins = Logins(db_url)
     try:
         login, url = logins.make("summaries", groups=("pgdispatch_scheduler",))
+        other_login, other_url = logins.make("other", groups=("pgdispatch_scheduler",))
         world.apply({"organizations": [{"name": "acme", "max_running": 5}],
                      "pools": [{"name": "linux", "slots": 5}],
                      "projects": [{"name": "web", "organization": "acme", "pools": ["linux"]}],
-                     "runners": [{"login": login, "pools": ["linux"]}]})
+                     "runners": [{"login": login, "pools": ["linux"]},
+                                 {"login": other_login, "pools": ["linux"]}]})
         world.job()
-        with db.connect(url) as host:
+        with db.connect(url) as host, db.connect(other_url) as other:
             runner = transitions.register_runner(host, name="h", pools=["linux"], slots=2,
                                                  hostname="h")
             rows = transitions.beat_runner(host, runner_id=runner, beat_seconds=1.0,
                                            duty_lease_seconds=20.0)
             term = {r["duty"]: r for r in rows}["summaries"]["term"]
+            transitions.register_runner(other, name="o", pools=["linux"], slots=2, hostname="o")
+            transitions.summarize_queue(world.conn)  # a summary with the waiting job
+
+            assert Q.read_summary_inputs(other, runner_id=runner, term=term,
+                                         live_seconds=90.0) is None
+            assert history.record_reason_counts(other, runner_id=runner, term=term,
+                                                counts={"ready": 1}) is False
+            assert transitions.run_summaries(other, runner_id=runner, term=term) is False
+            assert world.conn.execute("SELECT count(*) AS n FROM queue_reason_history"
+                                      ).fetchone()["n"] == 0
+
+            assert Q.read_summary_inputs(host, runner_id=runner, term=term,
+                                         live_seconds=90.0)["projects"][0]["name"] == "web"
             assert transitions.run_summaries(host, runner_id=runner, term=term) is True
         n = world.conn.execute("SELECT waiting FROM queue_reason_history "
                                "WHERE reason = 'ready'").fetchone()
@@ -221,8 +284,12 @@ def test_the_chart_read_buckets_a_day_by_ten_minutes(world):
         world.conn.execute(
             "INSERT INTO queue_history (at, pool_id, waiting, running, claimed, wait_p50_seconds, "
             "wait_p95_seconds) VALUES (%s, %s, %s, 1, %s, %s, %s)", (at, pool, waiting, claimed, p50, p95))
+    # the reasons flip within the bucket: it shows the minute with the most waiting, whole
+    # (6 = 5 + 1), never the most of each reason (5 + 4 = 9 of 6 jobs)
     world.conn.execute("INSERT INTO queue_reason_history (at, reason, waiting) VALUES "
-                       "(%s, 'ready', 2), (%s, 'ready', 6)", (previous, previous + dt.timedelta(minutes=2)))
+                       "(%(a)s, 'ready', 5), (%(a)s, 'capacity_pool', 1), "
+                       "(%(b)s, 'ready', 1), (%(b)s, 'capacity_pool', 4)",
+                       {"a": previous, "b": previous + dt.timedelta(minutes=2)})
     day = history.read_queue_history(world.conn, span="day")
     assert len(day["points"]) == 144 and day["points"][-1] == bucket
     merged = day["pools"]["linux"][-2]
@@ -231,8 +298,10 @@ def test_the_chart_read_buckets_a_day_by_ten_minutes(world):
     assert merged["wait_p95_seconds"] == 10.0  # the worst minute
     assert day["pools"]["linux"][-8]["waiting"] == 7
     assert day["pools"]["linux"][-1] is None
-    assert day["reasons"]["ready"][-2] == 6
+    assert (day["reasons"]["ready"][-2], day["reasons"]["capacity_pool"][-2]) == (5, 1)
     hour = history.read_queue_history(world.conn, span="hour")
     assert len(hour["points"]) == 60 and hour["step_seconds"] == 60
+    i = hour["points"].index(previous)  # by the minute: each minute its own
+    assert hour["reasons"]["capacity_pool"][i:i + 3] == [1, None, 4]
     with pytest.raises(InvalidInput):
         history.read_queue_history(world.conn, span="week")

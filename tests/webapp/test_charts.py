@@ -77,3 +77,43 @@ def test_a_viewer_sees_the_charts_and_a_stranger_does_not(app, viewer, world):
     world.setup()
     assert app.test_client().get("/charts/depth.svg").status_code in (302, 401)
     assert viewer.get("/charts/depth.svg").status_code == 200
+
+
+def y_labels(svg: bytes) -> list[str]:
+    root = ET.fromstring(svg)
+    return [t.text for g in root.iter(SVG + "g") if "axis y" in (g.get("class") or "")
+            for t in g.iter(SVG + "text")]
+
+
+def test_a_huge_value_gets_a_few_ticks_not_thousands(operator, world):
+    """A count of 2^31 - 1 and a wait of two thousand years: the axes keep a handful of
+    labels (the old table of steps ended at 100,000: 21,475 labels, a 7 MB image)."""
+    world.setup()
+    pool = world.pool_ids(("linux",))[0]
+    world.conn.execute("INSERT INTO queue_reason_history (at, reason, waiting) "
+                       "VALUES (date_trunc('minute', now()), 'ready', 2147483647)")
+    world.conn.execute("INSERT INTO queue_history (at, pool_id, waiting, running, "
+                       "oldest_wait_seconds) VALUES (date_trunc('minute', now()), %s, 0, "
+                       "2147483647, 6.4e10)", (pool,))
+    for name in ("depth", "running", "oldest"):
+        body = operator.get(f"/charts/{name}.svg").get_data()
+        labels = y_labels(body)
+        assert 2 <= len(labels) <= 7, (name, len(labels))
+        assert len(body) < 100_000, name
+    assert y_labels(operator.get("/charts/depth.svg").get_data())[:2] == ["0", "500000000"]
+    assert "latest: linux 740741 d." in operator.get("/").get_data(as_text=True)
+
+
+def test_the_oldest_chart_says_what_it_plots(operator, world):
+    """The oldest wait is of the queued jobs past their ready time, whatever holds them: a
+    job blocked on its dependency for an hour is not in it; its alt text says so."""
+    world.setup()
+    upstream = world.job()
+    world.job(depends_on=[upstream["id"]])
+    world.conn.execute("UPDATE jobs SET created_at = now() - interval '1 hour', "
+                       "ready_at = now() - interval '5 minutes'")
+    duty_pass(world)
+    page = operator.get("/").get_data(as_text=True)
+    alt = re.search(r'<img src="/charts/oldest\.svg[^"]*"[^>]*alt="([^"]*)"', page).group(1)
+    assert "oldest queued job" in alt and "blocked jobs and delayed retries left out" in alt
+    assert alt.endswith("latest: linux 5 min.")  # the queued one's, not the blocked one's hour

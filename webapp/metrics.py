@@ -66,16 +66,16 @@ bp = Blueprint("metrics", __name__)
 
 # What this process measures: one registry, not the process-wide default (which holds every
 # shared sql counter, the claim histogram too, whether or not this process ever claims).
+# (In multiprocess mode the files also hold the shared sql metrics this process never
+# measures — the claim histogram, expiry failures: their values exist once sql.metrics is
+# imported — so only these are read from them.)
+_OWN_COUNTERS = (shared.TRANSACTION_RETRIES, shared.STATEMENT_DEADLINES)
 _OWN = CollectorRegistry(auto_describe=True)
-for _metric in (shared.TRANSACTION_RETRIES, shared.STATEMENT_DEADLINES):
+for _metric in _OWN_COUNTERS:
     _OWN.register(_metric)
 ProcessCollector(registry=_OWN)
 PlatformCollector(registry=_OWN)
 GCCollector(registry=_OWN)
-# prometheus_client's multiprocess files also hold the shared sql metrics this process never
-# measures (the claim histogram, expiry failures: their values exist once sql.metrics is
-# imported); only these are the web's.
-_OWN_COUNTERS = (shared.TRANSACTION_RETRIES, shared.STATEMENT_DEADLINES)
 
 
 class _WorkersCollector:

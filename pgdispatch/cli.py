@@ -16,8 +16,10 @@ import json
 import logging
 import math
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import uuid
 from typing import Any
 
@@ -946,11 +948,31 @@ def web_cmd(obj: Context, bind: str | None, workers: int) -> None:
     settings = obj.settings.with_overrides(bind=bind)
     _check_bind(settings.bind)
     logging.getLogger().setLevel(logging.INFO)
-    from pgdispatch.sql import logins
-    from pgdispatch.webapp import serve
-    # the embedded server: the console's own login (pgdispatch_web: reads without secrets,
-    # the operator and account transitions; sign-in is a function, sql/functions/accounts.sql)
-    serve.serve(settings, database_url=obj.url_as(logins.WEB, "web"), bind=settings.bind, workers=workers)
+    metrics_dir = _web_metrics_dir()
+    arbiter = os.getpid()
+    try:
+        from pgdispatch.sql import logins
+        from pgdispatch.webapp import serve
+        # the embedded server: the console's own login (pgdispatch_web: reads without secrets,
+        # the operator and account transitions; sign-in is a function, sql/functions/accounts.sql)
+        serve.serve(settings, database_url=obj.url_as(logins.WEB, "web"), bind=settings.bind,
+                    workers=workers)
+    finally:
+        if os.getpid() == arbiter:  # a worker leaves through here too: not its to remove
+            shutil.rmtree(metrics_dir, ignore_errors=True)
+
+
+def _web_metrics_dir() -> str:
+    """A fresh private (0700) directory for prometheus_client's multiprocess files, named in
+    PROMETHEUS_MULTIPROC_DIR for this process and the web workers it forks, so that the web's
+    /metrics sums every worker's counters (webapp/metrics.py). Any PROMETHEUS_MULTIPROC_DIR
+    given is replaced: another process's files there would be summed in. prometheus_client
+    reads the variable once, when it is first imported: nothing has imported it yet."""
+    if "prometheus_client" in sys.modules:
+        raise RuntimeError("prometheus_client was imported before PROMETHEUS_MULTIPROC_DIR was set")
+    path = tempfile.mkdtemp(prefix="pgdispatch-web-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    return path
 
 
 def _check_bind(bind: str) -> None:

@@ -7,8 +7,13 @@ builds of 1–8 s of which some fail and retry, pipelines whose deployments depe
 production deployment that needs approval, and now and then a third scheduler killed with
 SIGKILL mid-deployment so that an uncertain target appears for the operator to resolve — never
 while a target is uncertain or in the two minutes after an operator resolved one, so that the
-deployment a resolution frees or re-runs is not the one it takes and kills (``chaos_hold_off``).
-Ctrl-C stops every process it started, then the embedded server.
+deployment a resolution frees or re-runs is not the one it takes and kills (``chaos_hold_off``;
+said once when a hold-off starts and once when it ends). Ctrl-C stops every process it started,
+then the embedded server.
+
+The two schedulers serve their metrics on 127.0.0.1 (DEMO_METRICS_PORTS: demo-a 9464, demo-b
+9465; another free port when one is taken, which it says), beside the console's /metrics, so
+that the monitoring kit (monitoring/) can be tried on the demo; the banner prints them.
 
 Started as root, its schedulers run the jobs as users of their own, one per slot
 (``pgdispatch-job-a1`` to ``-a4`` for demo-a, ``-b1`` to ``-b3`` for demo-b, ``-c1`` for the
@@ -23,8 +28,10 @@ import logging
 import os
 import pwd
 import random
+import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -173,6 +180,35 @@ def chaos_hold_off(conn, *, quiet_seconds: float = CHAOS_QUIET_SECONDS) -> str |
     return None
 
 
+def hold_off_episode(held: str | None) -> str | None:
+    """What identifies a hold-off episode in ``chaos_hold_off``'s answer: the answer without
+    its age in seconds (which grows at every check); None when it does not hold off."""
+    return None if held is None else re.sub(r" \d+ s ago$", "", held)
+
+
+# Where the demo's schedulers serve their metrics (127.0.0.1 only): fixed, so that a
+# Prometheus on this machine can scrape them (docs/operations.md, "Monitoring"). The chaos
+# scheduler, killed within minutes, serves none.
+DEMO_METRICS_PORTS = {"demo-a": 9464, "demo-b": 9465}
+DEMO_METRICS_ADDR = "127.0.0.1"
+
+
+def metrics_port(preferred: int, addr: str = DEMO_METRICS_ADDR) -> int:
+    """``preferred`` when ``addr``:``preferred`` can be listened on now, else a free port the
+    system picks (another process may take it before the scheduler does: the scheduler then
+    stops with one line in its log, and the demo says which log)."""
+    for port in (preferred, 0):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # as the scheduler's http.server binds (SO_REUSEADDR)
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((addr, port))
+            except OSError:
+                continue
+            return probe.getsockname()[1]
+    raise PgDispatchError(f"demo: no free port on {addr} for a scheduler's metrics")
+
+
 # one user per slot and per scheduler ("a", "b", "c"): no two running jobs share a uid
 DEMO_JOB_USERS = "pgdispatch-job-{scheduler}{slot}"
 # the demo's workload submits and acts as this operator login (the audit log names it)
@@ -222,6 +258,10 @@ class Demo:
         self.workload_url = ""
         self.env: dict[str, str] = {}
         self.pipeline_no = 0
+        self.metrics_ports: dict[str, int] = {}  # scheduler name → its metrics port
+        self.quiet_seconds = CHAOS_QUIET_SECONDS
+        self._holding: str | None = None  # the hold-off episode said last (hold_off_episode)
+        self._holding_lock = threading.Lock()
 
     # -- processes -----------------------------------------------------------------------
     def _spawn(self, name: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
@@ -248,20 +288,56 @@ class Demo:
         self.password = password
         secret = self.settings.resolved_secret_key()
         # by environment, never on a command line (readable by every local user in /proc)
-        self.env = {**os.environ, **DEMO_ENV, "DATABASE_URL": self.url,
+        # a metrics port of the caller's environment is not the demo's: the schedulers get
+        # theirs on the command line, the chaos scheduler none
+        inherited = {k: v for k, v in os.environ.items()
+                     if k not in ("PGDISPATCH_METRICS_PORT", "PGDISPATCH_METRICS_ADDR")}
+        self.env = {**inherited, **DEMO_ENV, "DATABASE_URL": self.url,
                     "PGDISPATCH_SECRET_KEY": secret, "PGDISPATCH_DATA_DIR": str(self.settings.data_dir)}
         embedded.make_private(self.settings.data_dir)
+        for name, preferred in DEMO_METRICS_PORTS.items():
+            self.metrics_ports[name] = metrics_port(preferred)
+            if self.metrics_ports[name] != preferred:
+                log.warning("demo: port %d is taken; %s serves its metrics on %s:%d instead",
+                            preferred, name, DEMO_METRICS_ADDR, self.metrics_ports[name])
         self._spawn("scheduler-a", "scheduler", "--pool", "linux", "--pool", "macos", "--pool", "deploy",
                     "--slots", "4", "--name", "demo-a", "--grace-seconds", "5",
+                    *self._metrics_args("demo-a"),
                     env={"DATABASE_URL": self._runner_url("demo-a"),
                          **self._run_as("a", 4)})
         self._spawn("scheduler-b", "scheduler", "--pool", "linux",
                     "--slots", "3", "--name", "demo-b", "--grace-seconds", "5",
+                    *self._metrics_args("demo-b"),
                     env={"DATABASE_URL": self._runner_url("demo-b"),
                          **self._run_as("b", 3)})
         self._spawn("web", "web", "--bind", self.bind,
                     env={"DATABASE_URL": self._login_url(logins.WEB, "web")})
         self._wait_for_web(60)
+
+    def _metrics_args(self, name: str) -> list[str]:
+        return ["--metrics-port", str(self.metrics_ports[name]), "--metrics-addr", DEMO_METRICS_ADDR]
+
+    def metrics_urls(self) -> dict[str, str]:
+        """Where each part of the demo serves its Prometheus metrics (the console first)."""
+        return {"console": f"http://{self.bind}/metrics",
+                **{name: f"http://{DEMO_METRICS_ADDR}:{port}/metrics"
+                   for name, port in self.metrics_ports.items()}}
+
+    def hold_off(self, conn) -> str | None:
+        """``chaos_hold_off`` now, said once per hold-off episode (and once more when its
+        reason changes, as from an uncertain target to its resolution's quiet time), and
+        once when it ends; not at every check."""
+        held = chaos_hold_off(conn, quiet_seconds=self.quiet_seconds)
+        episode = hold_off_episode(held)
+        with self._holding_lock:
+            previous, self._holding = self._holding, episode
+        if episode != previous:
+            if held:
+                log.info("demo chaos: holding off: %s", held)
+            else:
+                log.info("demo chaos: no longer holding off (no target uncertain, none "
+                         "resolved in the last %.0f s)", self.quiet_seconds)
+        return held
 
     def _run_as(self, scheduler: str, slots: int) -> dict[str, str]:
         """PGDISPATCH_RUN_AS for one demo scheduler (``demo_job_users``), or nothing."""
@@ -342,9 +418,7 @@ class Demo:
         """
         try:
             with db.connect(self.workload_url, application_name="pgdispatch-demo-chaos") as conn:
-                held = chaos_hold_off(conn)
-                if held:
-                    log.info("demo chaos: holding off: %s", held)
+                if self.hold_off(conn):
                     return False
                 proc = self._spawn("scheduler-chaos", "scheduler", "--pool", "deploy", "--slots", "1",
                                    "--name", "demo-chaos",
@@ -373,7 +447,7 @@ class Demo:
                     if r["pid"] == proc.pid and r["slots_used"] > 0]
             if busy:
                 self.stopping.wait(2)
-                held = chaos_hold_off(conn)
+                held = chaos_hold_off(conn, quiet_seconds=self.quiet_seconds)
                 if held:
                     log.info("demo chaos: not killing demo-chaos: %s", held)
                     return
@@ -403,9 +477,7 @@ class Demo:
                         self.submit_pipeline(conn)
                         next_pipeline = time.monotonic() + self.rng.uniform(8, 14)
                     if time.monotonic() >= next_chaos:
-                        held = chaos_hold_off(conn)
-                        if held:
-                            log.info("demo chaos: holding off: %s", held)
+                        if self.hold_off(conn):
                             next_chaos = time.monotonic() + CHAOS_RETRY_SECONDS
                         else:
                             threading.Thread(target=self.lose_a_runner, name="demo-chaos",
@@ -434,8 +506,10 @@ def run(settings: Settings, *, bind: str, duration_seconds: float | None = None,
     signal.signal(signal.SIGTERM, lambda *_: demo.stopping.set())
     try:
         demo.start()
+        metrics = "\n            ".join(f"{url}  ({name})" for name, url in demo.metrics_urls().items())
         print(f"\npgdispatch demo is running.\n\n  console:  http://{demo.bind}/\n"
               f"  login:    operator / {demo.password}   (same password: admin, and viewer read-only)\n"
+              f"  metrics:  {metrics}\n"
               f"  database: {demo.url}\n  logs:     {Path(settings.data_dir).resolve()}/*.log\n\n"
               f"Press Ctrl-C to stop.\n", flush=True)
         demo.workload(duration_seconds)

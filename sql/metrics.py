@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Histogram, disable_created_metrics
+
+# No ``*_created`` series (the time each counter or histogram was made): Prometheus does not
+# need them and nothing here documents them. Process-wide, so the web and the scheduler
+# processes, which both import this module, export none.
+disable_created_metrics()
 
 TRANSACTION_RETRIES = Counter(
     "pgdispatch_transaction_retries_total",

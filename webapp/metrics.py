@@ -20,6 +20,7 @@ one never exports them.
 ``pgdispatch_pool_running{pool}``              jobs holding a slot of the pool
 ``pgdispatch_pool_slots{pool}``                the pool's slots (pool slots, not runner slots)
 ``pgdispatch_pool_runner_slots{pool}``         slots of the pool's live runners
+``pgdispatch_pool_free_runner_slots{pool}``    those of them not running a job now
 ``pgdispatch_organization_running``            jobs running per organization, and its limit
 ``/_max_running{organization}``
 ``pgdispatch_uncertain_targets``               targets whose deployment outcome is unknown
@@ -30,14 +31,30 @@ one never exports them.
 ``{name,sqlstate}``
 ``pgdispatch_statement_deadlines_total``       this process's statements past the deadline
 =============================================  ===============================================
+
+A runner serving several pools counts its free slots for each. No ``*_created`` series
+(sql/metrics.py).
+
+Several workers (``pgdispatch web``, gunicorn): each worker is a process with its own
+counters, and a scrape is answered by whichever worker takes it. With
+``PROMETHEUS_MULTIPROC_DIR`` set (``pgdispatch web`` sets it to a fresh private directory
+before anything imports prometheus_client; webapp/serve.py marks each exited worker dead), the
+counters are prometheus_client's multiprocess ones: every scrape sums the counters of every
+worker, the exited ones included, so they never go back. ``process_*``/``python_*`` are not
+exported then (they describe one worker, a different one at each scrape). Without it (one
+process: the test client, ``gunicorn webapp.wsgi:app`` with one worker) this process's own
+registry is exported, ``process_*`` included.
 """
 
 from __future__ import annotations
 
+import os
+
 from flask import Blueprint, Response, current_app, jsonify
 from prometheus_client import (CONTENT_TYPE_LATEST, CollectorRegistry, GCCollector,
                                PlatformCollector, ProcessCollector, generate_latest)
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 
 import pgdispatch.sql.metrics as shared
 from pgdispatch.sql import DatabaseUnavailable, reads
@@ -49,12 +66,44 @@ bp = Blueprint("metrics", __name__)
 
 # What this process measures: one registry, not the process-wide default (which holds every
 # shared sql counter, the claim histogram too, whether or not this process ever claims).
+# (In multiprocess mode the files also hold the shared sql metrics this process never
+# measures — the claim histogram, expiry failures: their values exist once sql.metrics is
+# imported — so only these are read from them.)
+_OWN_COUNTERS = (shared.TRANSACTION_RETRIES, shared.STATEMENT_DEADLINES)
 _OWN = CollectorRegistry(auto_describe=True)
-for _metric in (shared.TRANSACTION_RETRIES, shared.STATEMENT_DEADLINES):
+for _metric in _OWN_COUNTERS:
     _OWN.register(_metric)
 ProcessCollector(registry=_OWN)
 PlatformCollector(registry=_OWN)
 GCCollector(registry=_OWN)
+
+
+class _WorkersCollector:
+    """The web's own counters summed over every worker that ever ran (prometheus_client's
+    multiprocess files in ``path``), each family declared even before its first sample."""
+
+    def __init__(self, path: str):
+        self.collector = MultiProcessCollector(None, path=path)
+
+    def collect(self):
+        own = {m.describe()[0].name: m.describe()[0] for m in _OWN_COUNTERS}
+        seen = set()
+        for family in self.collector.collect():
+            if family.name in own:
+                seen.add(family.name)
+                family.documentation = own[family.name].documentation
+                yield family
+        for name in own.keys() - seen:
+            yield CounterMetricFamily(name, own[name].documentation)
+
+
+def multiprocess_dir() -> str | None:
+    """The directory of prometheus_client's multiprocess files when this process runs in
+    that mode (``PROMETHEUS_MULTIPROC_DIR``, read when prometheus_client was imported), else
+    None."""
+    from prometheus_client import values
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    return path if path and values.ValueClass is not values.MutexValue else None
 
 
 def _gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
@@ -113,6 +162,10 @@ class _StateCollector:
             "pgdispatch_pool_slots": ("Pool slots: how many jobs the pool admits at once.", "slots"),
             "pgdispatch_pool_runner_slots": ("Runner slots: what the pool's live runners run at "
                                              "once, jobs of any of their pools.", "runner_slots"),
+            "pgdispatch_pool_free_runner_slots": ("Runner slots of the pool's live runners not "
+                                                  "running a job now (a runner serving several "
+                                                  "pools counts its free slots for each).",
+                                                  "free_runner_slots"),
         }
         for name, (doc, key) in per_pool.items():
             family = _gauge(name, doc, ["pool"])
@@ -139,7 +192,14 @@ def metrics():
     data = reads.overview(get_conn(), live_seconds=current_app.config["RUNNER_LIVE_SECONDS"])
     scrape = CollectorRegistry(auto_describe=False)
     scrape.register(_StateCollector(data))
-    return Response(generate_latest(_OWN) + generate_latest(scrape),
+    path = multiprocess_dir()
+    if path:
+        workers = CollectorRegistry(auto_describe=False)
+        workers.register(_WorkersCollector(path))
+        own = generate_latest(workers)
+    else:
+        own = generate_latest(_OWN)
+    return Response(own + generate_latest(scrape),
                     mimetype=CONTENT_TYPE_LATEST.split(";")[0],
                     headers={"Content-Type": CONTENT_TYPE_LATEST})
 

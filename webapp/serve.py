@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.http.errors import LimitRequestHeaders, LimitRequestLine
 from gunicorn.workers.gthread import ThreadWorker
+from prometheus_client import multiprocess
 
 from pgdispatch import sql
 import pgdispatch.sql.embedded
 from . import create_app
+from .metrics import multiprocess_dir
+
+log = logging.getLogger(__name__)
 
 
 class ConsoleServer(BaseApplication):
@@ -68,6 +73,17 @@ class ConsoleWorker(ThreadWorker):
         return None
 
 
+def child_exit(server, worker) -> None:
+    """gunicorn's ``child_exit`` hook (in the arbiter, when a worker has exited): tell
+    prometheus_client's multiprocess mode that the worker is gone. Its counters stay in the
+    sums (they never go back); only live-gauge files would be removed, and the web has none.
+    Nothing without ``PROMETHEUS_MULTIPROC_DIR``. For a gunicorn of your own:
+    ``from pgdispatch.webapp.serve import child_exit`` in its config file."""
+    path = multiprocess_dir()
+    if path is not None:
+        multiprocess.mark_process_dead(worker.pid, path)
+
+
 def gunicorn_options(*, bind: str, workers: int) -> dict[str, Any]:
     """The gunicorn settings the console runs with."""
     return {
@@ -92,6 +108,7 @@ def gunicorn_options(*, bind: str, workers: int) -> dict[str, Any]:
         "limit_request_line": LIMIT_REQUEST_LINE,
         "limit_request_fields": LIMIT_REQUEST_FIELDS,
         "limit_request_field_size": LIMIT_REQUEST_FIELD_SIZE,
+        "child_exit": child_exit,
     }
 
 
@@ -100,12 +117,22 @@ def serve(settings: sql.Settings, *, database_url: str | None, bind: str, worker
     SIGTERM or SIGINT.
 
     The database URL (the embedded server's when None) and the session key are resolved
-    once here, before the workers fork, so that they all agree.
+    once here, before the workers fork, so that they all agree. With several workers, the
+    web's own counters are summed over them only in prometheus_client's multiprocess mode
+    (``PROMETHEUS_MULTIPROC_DIR`` set before prometheus_client was imported, to an empty
+    directory: ``pgdispatch web`` does it; webapp/metrics.py); without it each scrape shows
+    one worker's counters.
     """
     if workers < 1:
         raise sql.InvalidInput(f"workers must be at least 1, got {workers}")
     if not bind or ":" not in bind and not bind.startswith("unix:"):
         raise sql.InvalidInput(f"bind must be HOST:PORT, got {bind!r}")
+    if multiprocess_dir() is not None:
+        log.info("web: the workers' counters are summed in %s (prometheus_client's "
+                 "multiprocess files)", multiprocess_dir())
+    elif workers > 1:
+        log.warning("web: %d workers without PROMETHEUS_MULTIPROC_DIR: each /metrics scrape "
+                    "shows the counters of the one worker that answers it", workers)
     database_url = database_url or sql.embedded.database_url(settings)
     settings = settings.with_overrides(secret_key=settings.resolved_secret_key(),
                                        database_url=database_url)

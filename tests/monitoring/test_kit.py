@@ -35,6 +35,7 @@ DEADLINE_SECONDS = 30.0
 WEB = {"pgdispatch_queue_depth", "pgdispatch_queue_primary_depth", "pgdispatch_queue_waiting",
        "pgdispatch_oldest_waiting_seconds", "pgdispatch_pool_waiting",
        "pgdispatch_pool_live_runners", "pgdispatch_pool_running", "pgdispatch_pool_slots",
+       "pgdispatch_pool_runner_slots", "pgdispatch_pool_free_runner_slots",
        "pgdispatch_organization_running", "pgdispatch_organization_max_running",
        "pgdispatch_uncertain_targets", "pgdispatch_jobs", "pgdispatch_queue_summary_age_seconds"}
 SCHEDULER = {"pgdispatch_claims_total", "pgdispatch_claim_seconds", "pgdispatch_wait_seconds",
@@ -160,6 +161,21 @@ def test_dashboard_queries_are_valid_promql(tmp_path):
     assert len(ids) == len(set(ids)), "panel ids repeat"
     datasources = {json.dumps(p.get("datasource")) for p in doc["panels"] if p["type"] != "row"}
     assert datasources == {json.dumps({"type": "prometheus", "uid": "${datasource}"})}
+
+
+def test_the_oldest_waiting_panels_say_what_they_show():
+    """The stat beside the alert leaves out what the alert leaves out (the waits on purpose
+    and uncertain targets, which page on their own), under a title that says so; the
+    console's "Longest waiting" (every reason) is its own stat."""
+    alert = next(a for a in _alerts() if a["alert"] == "PgdispatchOldestWaitingJob")
+    left_out = re.search(r'reason!~"([^"]+)"', alert["expr"]).group(1).split("|")
+    assert "target_uncertain" in left_out and "dependency_pending" in left_out
+    stats = {title: expr for title, expr in _dashboard_exprs()
+             if "pgdispatch_oldest_waiting_seconds" in expr and expr.startswith("max(")}
+    system = stats.pop("Oldest waiting for the system")
+    assert re.search(r'reason!~"([^"]+)"', system).group(1).split("|") == left_out
+    assert stats == {"Longest waiting (every reason)":
+                     'max(pgdispatch_oldest_waiting_seconds{pool=~"$pool"})'}
 
 
 def _env(db_url: str, tmp_path: Path) -> dict[str, str]:

@@ -107,6 +107,8 @@ def test_a_scheduler_serves_its_own_process_metrics(world, scheduler_process):
     assert world.row("jobs", running["id"])["state"] == "succeeded"
     # what the web /metrics shows from the database is not duplicated here
     assert "pgdispatch_queue_depth" not in text
+    # no undocumented *_created series beside the counters and histograms (sql/metrics.py)
+    assert not re.search(r"^\w+_created[ {]", text, re.M), "a *_created series"
     assert proc.poll() is None
 
 

@@ -19,7 +19,8 @@ def test_metrics_has_counters_and_scrape_time_gauges(app, world):
     make_uncertain_target(world)
     build = world.job()                                              # no runner serves linux
     world.job(depends_on=[build["id"]], requires_approval=True)      # and a dependency, an approval
-    world.claim(world.runner(pools=("deploy",)), pools=("deploy",))  # a claim in this process
+    world.job(pool="deploy")
+    assert world.claim(world.runner(pools=("deploy",)), pools=("deploy",))  # a claim here
     transitions.summarize_queue(world.conn)
     response = app.test_client().get("/metrics")
     assert response.status_code == 200
@@ -55,6 +56,12 @@ def test_metrics_has_counters_and_scrape_time_gauges(app, world):
     assert sample('pgdispatch_pool_waiting{pool="linux"}') == 2
     assert sample('pgdispatch_pool_live_runners{pool="deploy"}') == 2
     assert sample('pgdispatch_pool_live_runners{pool="linux"}') == 0
+    # runner slots, and how many are free: the claim above holds one slot of one runner
+    slots = sample('pgdispatch_pool_runner_slots{pool="deploy"}')
+    assert slots >= 2 and sample('pgdispatch_pool_free_runner_slots{pool="deploy"}') == slots - 1
+    assert sample('pgdispatch_pool_free_runner_slots{pool="linux"}') == 0
+    # no undocumented *_created series beside the counters (sql/metrics.py)
+    assert not re.search(r"^\w+_created[ {]", text, re.M), "a *_created series"
     for reason in ("no_authorized_runner", "dependency_pending"):
         assert sample(f'pgdispatch_oldest_waiting_seconds{{pool="linux",reason="{reason}"}}') >= 0
     assert len(re.findall(r"^pgdispatch_oldest_waiting_seconds\{", text, re.M)) == 2

@@ -51,7 +51,8 @@ SELECT pgd_cancel_job(:job_id, :reason, :actor);
 SELECT pgd_retry_job(:job_id, :reason, :actor);
 
 -- name: list_waiting_jobs
--- Jobs not running and not finished, oldest first, keyset-paginated by id, with optional filters.
+-- Jobs not running and not finished, oldest first, keyset-paginated by id, with optional filters
+-- (organization, project, pool, target names).
 SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
        j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval, j.approved_at, j.submitted_by,
        j.pending_dependencies, j.failures, j.max_attempts, j.target_id, j.pool_id, j.project_id,
@@ -67,6 +68,7 @@ SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
    AND (CAST(:organization AS text) IS NULL OR o.name = :organization)
    AND (CAST(:project AS text) IS NULL OR p.name = :project)
    AND (CAST(:pool AS text) IS NULL OR q.name = :pool)
+   AND (CAST(:target AS text) IS NULL OR t.name = :target)
  ORDER BY j.id
  LIMIT :limit;
 
@@ -91,6 +93,7 @@ SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
    AND (CAST(:organization AS text) IS NULL OR o.name = :organization)
    AND (CAST(:project AS text) IS NULL OR p.name = :project)
    AND (CAST(:pool AS text) IS NULL OR q.name = :pool)
+   AND (CAST(:target AS text) IS NULL OR t.name = :target)
  ORDER BY 1, j.id
  LIMIT :limit;
 
@@ -300,3 +303,12 @@ SELECT j.id, j.state, j.priority, j.command, j.project_id, j.pool_id, j.target_i
                       WHERE x.job_id = j.id ORDER BY x.attempt_no DESC LIMIT 1) a ON true
   LEFT JOIN runners r ON r.id = a.runner_id
  ORDER BY CASE WHEN CAST(:after_id AS bigint) IS NULL THEN -j.id ELSE j.id END;
+
+-- name: list_pending_dependencies_of_jobs
+-- The dependencies that have not succeeded yet of each of the jobs :job_ids (one read for a
+-- queue page: reads.list_waiting names them), by job then dependency id. Read-only.
+SELECT d.job_id, u.id, u.state, p.name AS project
+  FROM job_dependencies d JOIN jobs u ON u.id = d.depends_on_job_id
+  JOIN projects p ON p.id = u.project_id
+ WHERE d.job_id = ANY(CAST(:job_ids AS bigint[])) AND u.state <> 'succeeded'
+ ORDER BY d.job_id, u.id;

@@ -51,11 +51,16 @@ def list_job_audit(conn, *, job_id: int, limit: int = 200) -> list[dict[str, Any
 def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str | None = None,
                  project: str | None = None, pool: str | None = None, reason: str | None = None,
                  live_seconds: float = 90.0, sort: str = "id",
-                 after_since: dt.datetime | None = None) -> dict[str, Any]:
+                 after_since: dt.datetime | None = None,
+                 target: str | None = None) -> dict[str, Any]:
     """Waiting jobs (blocked, queued, uncertain) after a cursor, each with its reasons and
     ``waiting_since`` (pgd_waiting_since, sql/functions/summaries.sql). ``sort``: "id" (by
     id, after ``after_id``) or "oldest" (longest waiting first, after (``after_since``,
     ``after_id``); ``after_since`` None: from the start).
+
+    ``organization``, ``project``, ``pool``, ``target``: names (None: any). A job waiting for
+    dependencies names them ("waiting for job 191 (queued)"), read in one query per batch of
+    rows (list_pending_dependencies_of_jobs), never one per row.
 
     With ``reason``, only jobs that have that reason among theirs are returned, whether it is
     their first (primary) one or not: an approval behind a dependency is listed under
@@ -77,7 +82,7 @@ def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str 
     cursor = after_id
     since = after_since
     batch_size = max(limit, 200) if reason else limit
-    filters = {"organization": organization, "project": project, "pool": pool}
+    filters = {"organization": organization, "project": project, "pool": pool, "target": target}
     while len(out) < limit:
         if sort == "oldest":
             batch = list(Q.list_waiting_jobs_by_age(conn, after_since=since, after_id=cursor,
@@ -87,9 +92,14 @@ def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str 
         if not batch:
             cursor = None
             break
+        blocked = [job["id"] for job in batch if job["pending_dependencies"] > 0]
+        pending: dict[int, list[dict[str, Any]]] = {}
+        if blocked:
+            for dep in Q.list_pending_dependencies_of_jobs(conn, job_ids=blocked):
+                pending.setdefault(dep.pop("job_id"), []).append(dep)
         for job in batch:
             cursor, since = job["id"], job["waiting_since"]
-            reasons = [r.as_dict() for r in reasons_for(job, world)]
+            reasons = [r.as_dict() for r in reasons_for(job, world, pending.get(job["id"]))]
             if reason is not None and not any(r["code"] == reason for r in reasons):
                 continue
             for i, r in enumerate(reasons):

@@ -1,12 +1,21 @@
 // pgdispatch console: small behaviours of our own (no build step; htmx is vendored apart).
 // Times: the server renders every <time data-local> in UTC (pages work without JavaScript);
 // here each is rewritten in the viewer's local time zone, with the UTC value in its tooltip.
+// The form is the one of the charts, the reasons and the CLI, whatever the browser's locale:
+// "2025-03-04 16:30:00 IST" (24-hour, ISO-like date, then the zone's short name).
 (function () {
   "use strict";
   var fmt = new Intl.DateTimeFormat(undefined, {
     year: "numeric", month: "2-digit", day: "2-digit",
-    hour: "2-digit", minute: "2-digit", second: "2-digit", timeZoneName: "short"
+    hour: "2-digit", minute: "2-digit", second: "2-digit", hourCycle: "h23",
+    timeZoneName: "short", numberingSystem: "latn"
   });
+  function stamp(d) {
+    var p = {};
+    fmt.formatToParts(d).forEach(function (part) { p[part.type] = part.value; });
+    return p.year + "-" + p.month + "-" + p.day + " " + p.hour + ":" + p.minute + ":" +
+      p.second + (p.timeZoneName ? " " + p.timeZoneName : "");
+  }
   function localize(root) {
     var nodes = (root || document).querySelectorAll("time[data-local]");
     for (var i = 0; i < nodes.length; i++) {
@@ -15,7 +24,7 @@
       var d = new Date(el.getAttribute("datetime"));
       if (isNaN(d.getTime())) continue;
       if (!el.dataset.utc) el.dataset.utc = el.textContent;
-      el.textContent = fmt.format(d);
+      el.textContent = stamp(d);
       el.title = el.dataset.utc;
       el.dataset.localized = el.getAttribute("datetime");
     }

@@ -155,7 +155,8 @@ def login():
         if current_user.is_authenticated:
             return redirect(next_path or url_for("overview.index"))
         return render_template("auth/index.html", next=next_path, error=None,
-                               ended=request.args.get("ended") == "1")
+                               ended=request.args.get("ended") == "1",
+                               signed_out=request.args.get("signed_out") == "1")
     username = request.form.get("username", "")
     password = request.form.get("password", "")
     result = {"outcome": "failed"}
@@ -178,11 +179,11 @@ def login():
 @bp.route("/logout", methods=["POST"])
 def logout():
     """Sign out (POST with the CSRF token, like every state change): every session of the
-    account ends, here and elsewhere; audited."""
+    account ends, here and elsewhere; audited. The sign-in page it lands on says so."""
     if current_user.is_authenticated:
         accounts.sign_out(get_conn(), user_id=current_user.id,
                           session_generation=current_user.session_generation,
                           address=request.remote_addr)
     logout_user()
     session.clear()
-    return redirect(url_for("auth.login"), code=303)
+    return redirect(url_for("auth.login", signed_out=1), code=303)

@@ -14,7 +14,7 @@ from .db import get_conn
 from .views import arg_int, arg_text, render_view
 
 bp = Blueprint("queue", __name__, url_prefix="/queue")
-FILTERS = ("organization", "project", "pool", "reason")
+FILTERS = ("organization", "project", "pool", "target", "reason")
 
 
 @bp.get("/")
@@ -31,7 +31,8 @@ def index():
     after_since = _arg_time("after_since") if sort == "oldest" else None
     conn = get_conn()
     choices = reads.list_filter_choices(conn)
-    for name in ("organization", "project", "pool"):
+    choices["targets"] = sorted(t["name"] for t in reads.list_targets(conn))
+    for name in ("organization", "project", "pool", "target"):
         # an unknown name is a mistyped link, said as the reason and state filters say it
         if filters[name] is not None and filters[name] not in choices[name + "s"]:
             raise InvalidInput(f"unknown {name} {filters[name]!r}")

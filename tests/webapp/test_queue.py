@@ -113,3 +113,42 @@ def test_bad_filters_are_4xx_not_errors(operator, world):
             response.get_data(as_text=True), name
     htmx = operator.get("/queue/?reason=bogus", headers={"HX-Request": "true"})
     assert htmx.status_code == 422 and htmx.headers["HX-Reswap"] == "none"
+
+
+def test_the_target_filter_and_the_dependencies_a_row_names(operator, world):
+    """A Target filter as on the Jobs page (an unknown name is a 4xx, as the other filters');
+    a job behind dependencies names the ones still pending, as `jobs explain` does."""
+    world.setup(pools=("linux", "deploy"), targets=("production", "staging"))
+    build, lint = world.job(), world.job()
+    runner = world.runner()
+    assert world.claim(runner).job_id == build["id"]
+    prod = world.job(pool="deploy", target="production", depends_on=[build["id"], lint["id"]])
+    stage = world.job(pool="deploy", target="staging", depends_on=[lint["id"]])
+    world.job(pool="deploy")  # no target: never under a target filter
+    page = operator.get("/queue/?target=production").get_data(as_text=True)
+    assert _ids(page) == [prod["id"]]
+    assert 'option value="production" selected' in page
+    assert f"waiting for job {build['id']} (running), job {lint['id']} (queued)" in page
+    everything = operator.get("/queue/").get_data(as_text=True)
+    assert f"waiting for job {lint['id']} (queued)</span>" in everything  # the staging job's
+    assert "to succeed" not in everything
+    by_age = operator.get("/queue/?target=staging&sort=oldest").get_data(as_text=True)
+    assert _ids(by_age) == [stage["id"]]
+    response = operator.get("/queue/?target=nope")
+    assert response.status_code == 422 and "unknown target &#39;nope&#39;" in response.get_data(as_text=True)
+
+
+def test_with_a_reason_filter_every_row_marks_its_primary_reason(operator, world):
+    """A job whose only reason matched says both: it is its primary reason, and the match."""
+    world.setup()
+    world.runner()  # else no_authorized_runner holds too
+    gated = world.job(requires_approval=True)
+    page = operator.get("/queue/?reason=approval_required").get_data(as_text=True)
+    row = page[page.index(f'id="queue-job-{gated["id"]}"'):]
+    row = row[:row.index("</tr>")]
+    assert re.search(r'reason-approval_required is-primary is-match">approval_required</span> '
+                     r'<span class="reason-mark"[^>]*>primary</span> '
+                     r'<span class="reason-mark is-match"[^>]*>matched</span>', row), row
+    # without a filter, a job with one reason needs no mark
+    plain = operator.get("/queue/").get_data(as_text=True)
+    assert "reason-mark" not in plain

@@ -23,13 +23,13 @@ def test_jobs_list_filters_holders_and_reasons(pgd, world):
     assert out[0].split()[:6] == ["ID", "STATE", "PROJECT", "POOL", "TARGET", "RUNNER"]
     assert len(out) == 2 and out[1].split()[:6] == [str(running["id"]), "running", "acme/web",
                                                     "linux", "-", "r-cli"]
-    held = json.loads(pgd("jobs", "list", "--runner", str(runner), "--state", "running", "--json").stdout)
+    held = json.loads(pgd("jobs", "list", "--runner", str(runner), "--state", "running", "--json").stdout)["jobs"]
     assert [(j["id"], j["runner"]) for j in held] == [(running["id"], "r-cli")]
     assert held[0]["running_seconds"] >= 0 and held[0]["age_seconds"] >= 0
     why = pgd("jobs", "list", "--reason", "approval_required").stdout.splitlines()
     assert why[0].split()[-1] == "WHY" and why[1].split()[0] == str(gated["id"])
     assert "approval_required" in why[1]
-    newer = json.loads(pgd("jobs", "list", "--after", str(running["id"]), "--json").stdout)
+    newer = json.loads(pgd("jobs", "list", "--after", str(running["id"]), "--json").stdout)["jobs"]
     assert [j["id"] for j in newer] == [gated["id"], queued["id"]]
     none = pgd("jobs", "list", "--project", "web", "--older-than", "86400")
     assert none.stdout == "no jobs match\n"
@@ -82,7 +82,7 @@ def test_projects_pools_targets_runners_and_audit(pgd, world, conn):
     assert events[0].split() == ["ID", "AT", "ACTOR", "ACTION", "SUBJECT", "WHY"]
     assert "pause_project" in events[1] and "project:web" in events[1]
     page = pgd("audit", "list", "--limit", "1", "--json")
-    assert len(json.loads(page.stdout)) == 1 and page.stderr.startswith("more: --before ")
+    assert len(json.loads(page.stdout)["events"]) == 1 and page.stderr.startswith("more: --before ")
     for args, code, message in ((("projects", "show", "nope"), 3, "unknown project 'nope'"),
                                 (("pools", "show", "nope"), 3, "unknown pool 'nope'"),
                                 (("targets", "show", "nope"), 3, "unknown target 'nope'"),

@@ -20,7 +20,6 @@ import urllib.request
 
 import pytest
 
-from pgdispatch.sql import transitions
 from pgdispatch.sql.accounts import create_api_token
 from pgdispatch.webapp.openapi import SPEC
 

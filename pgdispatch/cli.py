@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import os
+import re
 import shutil
 import socket
 import sys
@@ -144,14 +145,49 @@ class Context:
                           prepare_threshold=self.settings.prepare_threshold)
 
 
+# Numbers as an operator types them: ASCII digits only. Python's int() and float() also read
+# "1_000", " 7 " and other scripts' digits ("١٢"), which no other part of pgdispatch accepts.
+_ASCII_WHOLE = re.compile(r"[-+]?[0-9]+")
+_ASCII_NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+
+
+def _shown(value: Any, width: int = 60) -> str:
+    """``value`` quoted for an error line, cut to ``width`` characters with …."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def _check_ascii(kind: click.ParamType, value: Any, pattern: re.Pattern, what: str, param, ctx) -> None:
+    if isinstance(value, str) and not pattern.fullmatch(value):
+        kind.fail(f"{_shown(value)} is not a valid {what} (ASCII digits only).", param, ctx)
+
+
+class WholeNumber(click.types.IntParamType):
+    """click's INT, written in ASCII digits only."""
+
+    def convert(self, value, param, ctx):
+        _check_ascii(self, value, _ASCII_WHOLE, "integer", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class IntRange(click.IntRange):
+    """click's IntRange, written in ASCII digits only."""
+
+    def convert(self, value, param, ctx):
+        _check_ascii(self, value, _ASCII_WHOLE, "integer", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class FiniteFloatRange(click.FloatRange):
     """click's FloatRange, which lets NaN through (every comparison with it is false) and
-    inf where there is no maximum: a number of seconds must be a finite one."""
+    inf where there is no maximum: a number of seconds must be a finite one, written in
+    ASCII digits."""
 
     def convert(self, value, param, ctx):
         number = super().convert(value, param, ctx)
         if not math.isfinite(number):
-            self.fail(f"{value!r} is not a finite number.", param, ctx)
+            self.fail(f"{_shown(value)} is not a finite number.", param, ctx)
+        _check_ascii(self, value, _ASCII_NUMBER, "number", param, ctx)
         return number
 
 
@@ -221,7 +257,7 @@ def db_roles(obj: Context, as_json: bool) -> None:
 @click.option("--password-env", "password_env", required=True, metavar="VAR",
               help="Name of the environment variable holding the password (never the "
                    "password itself: a command line is visible to every local user).")
-@click.option("--connection-limit", type=click.IntRange(-1, 100000), default=None,
+@click.option("--connection-limit", type=IntRange(-1, 100000), default=None,
               help="At most this many connections at once (-1: none; default: unchanged, "
                    "none for a new login). Give each runner host its pool size plus a few.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
@@ -269,12 +305,12 @@ def apply_cmd(obj: Context, path: str, as_json: bool) -> None:
 @click.option("--project", required=True, help="Project name.")
 @click.option("--pool", required=True, help="Runner pool name.")
 @click.option("--target", default=None, help="Deployment target name (makes this a deployment).")
-@click.option("--priority", type=int, default=0, show_default=True, help="-1000..1000; higher first, within the project.")
-@click.option("--max-attempts", type=int, default=1, show_default=True, help="1..100.")
-@click.option("--timeout", "timeout_seconds", type=int, default=3600, show_default=True, help="Seconds, 1..604800.")
-@click.option("--delay", "delay_seconds", type=float, default=0.0, show_default=True, help="Seconds before it may start.")
+@click.option("--priority", type=WholeNumber(), default=0, show_default=True, help="-1000..1000; higher first, within the project.")
+@click.option("--max-attempts", type=WholeNumber(), default=1, show_default=True, help="1..100.")
+@click.option("--timeout", "timeout_seconds", type=WholeNumber(), default=3600, show_default=True, help="Seconds, 1..604800.")
+@click.option("--delay", "delay_seconds", type=FiniteFloatRange(), default=0.0, show_default=True, help="Seconds before it may start.")
 @click.option("--requires-approval", is_flag=True, help="Wait for an operator's approval.")
-@click.option("--depends-on", "depends_on", type=int, multiple=True, help="Job id that must succeed first (repeatable).")
+@click.option("--depends-on", "depends_on", type=WholeNumber(), multiple=True, help="Job id that must succeed first (repeatable).")
 @click.option("--idempotency-key", default=None,
               help="Submitting the same request with the key again returns the first job; "
                    "a different request with it is refused.")
@@ -321,11 +357,12 @@ JOB_COLUMNS = [
 
 
 @jobs.command("show")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=WholeNumber())
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.pass_obj
 def jobs_show(obj: Context, job_id: int, as_json: bool) -> None:
-    """One job with its attempts."""
+    """One job with its attempts, how it ended (an operator's resolution of a lost
+    deployment: outcome, who, when, note) and its own audit trail, oldest first."""
     from pgdispatch.sql import reads
 
     with obj.connect() as conn:
@@ -333,6 +370,13 @@ def jobs_show(obj: Context, job_id: int, as_json: bool) -> None:
     if as_json:
         emit(job)
         return
+    resolution = job["resolution"]
+    if resolution is not None:
+        decided = ("resolved", f"{resolution['outcome']} by {resolution['actor']} at "
+                               f"{_when(resolution['at'])}" + (f": {resolution['note']}"
+                                                              if resolution["note"] else ""))
+    else:
+        decided = ("last error", job["last_error"])
     fields([("job", job["id"]), ("state", job["state"]),
             ("project", f"{job['project']} (organization {job['organization']})"),
             ("pool", job["pool"]), ("target", job["target"]), ("command", " ".join(job["command"])),
@@ -340,7 +384,7 @@ def jobs_show(obj: Context, job_id: int, as_json: bool) -> None:
             ("depends on", ", ".join(map(str, job["depends_on"])) or None),
             ("submitted by", job["submitted_by"]), ("created", _when(job["created_at"])),
             ("ready at", _when(job["ready_at"])), ("started", _when(job["started_at"])),
-            ("finished", _when(job["finished_at"])), ("last error", job["last_error"])])
+            ("finished", _when(job["finished_at"])), decided])
     if job["attempts"]:
         click.echo("")
         table(job["attempts"], [
@@ -351,6 +395,10 @@ def jobs_show(obj: Context, job_id: int, as_json: bool) -> None:
              if a["finished_at"] else "running"),
             ("EXIT", lambda a: "-" if a["exit_code"] is None else str(a["exit_code"])),
         ], empty="")
+    click.echo("")
+    click.echo("audit trail (oldest first):" if job["audit"] else "audit trail: none")
+    if job["audit"]:
+        _audit_table(job["audit"])
 
 
 @jobs.command("list")
@@ -359,7 +407,7 @@ def jobs_show(obj: Context, job_id: int, as_json: bool) -> None:
 @click.option("--project", default=None, help="Only this project's jobs.")
 @click.option("--pool", default=None, help="Only jobs for this pool.")
 @click.option("--target", default=None, help="Only deployments to this target.")
-@click.option("--runner", "runner_id", type=click.IntRange(1, MAX_BIGINT), default=None,
+@click.option("--runner", "runner_id", type=IntRange(1, MAX_BIGINT), default=None,
               help="Only jobs whose latest attempt ran on this runner id (with --state running: "
                    "the jobs it runs now).")
 @click.option("--reason", default=None, metavar="CODE",
@@ -369,22 +417,25 @@ def jobs_show(obj: Context, job_id: int, as_json: bool) -> None:
               metavar="SECONDS", help="Only jobs created at least this long ago.")
 @click.option("--younger-than", "younger_than", type=FiniteFloatRange(0), default=None,
               metavar="SECONDS", help="Only jobs created less than this long ago.")
-@click.option("--limit", type=click.IntRange(1, 500), default=20, show_default=True)
-@click.option("--before", "--before-id", "before_id", type=click.IntRange(1, MAX_BIGINT), default=None,
+@click.option("--limit", type=IntRange(1, 500), default=20, show_default=True)
+@click.option("--before", "--before-id", "before_id", type=IntRange(1, MAX_BIGINT), default=None,
               metavar="ID", help="Only jobs with a smaller id, newest first (the next page: the "
                                  "last id shown).")
-@click.option("--after", "after_id", type=click.IntRange(0, MAX_BIGINT), default=None, metavar="ID",
+@click.option("--after", "after_id", type=IntRange(0, MAX_BIGINT), default=None, metavar="ID",
               help="Only jobs with a larger id, oldest first (jobs submitted since ID; with "
-                   "--reason, the next page).")
-@click.option("--json", "as_json", is_flag=True, help="Print the jobs as a JSON list.")
+                   "--reason, the next page). With --before: the jobs between the two, and "
+                   "the next page keeps --before.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print the page as GET /api/v1/jobs answers it: {"jobs", "order", "next"}.')
 @click.pass_obj
 def jobs_list(obj: Context, state: str | None, organization: str | None, project: str | None,
               pool: str | None, target: str | None, runner_id: int | None, reason: str | None,
               older_than: float | None, younger_than: float | None, limit: int,
               before_id: int | None, after_id: int | None, as_json: bool) -> None:
     """Jobs, newest first, filtered: id, state, organization/project, pool, target, runner,
-    age, running for (or how long it took) and command. When more may match, the option for
-    the next page is said on stderr (with --json too)."""
+    age, running for (or how long it took) and command; with --reason, how long each has
+    waited and since when. When more may match, the options of the next page are said on
+    stderr (with --json too)."""
     from pgdispatch.sql import reads
 
     with obj.connect() as conn:
@@ -394,20 +445,23 @@ def jobs_list(obj: Context, state: str | None, organization: str | None, project
                                before_id=before_id, after_id=after_id, limit=limit,
                                live_seconds=obj.settings.lease_seconds)
     if as_json:
-        emit(page["jobs"])
+        emit({k: page[k] for k in ("jobs", "order", "next")})
     else:
-        columns = JOB_COLUMNS + ([("WHY", lambda j: ", ".join(r["code"] for r in j["reasons"]))]
-                                 if reason else [])
-        table(page["jobs"], columns, empty="no jobs match" if any(
+        now = page["now"]
+        waited = [("WAITING", lambda j: _seconds((now - j["waiting_since"]).total_seconds())
+                   if j.get("waiting_since") else "-"),
+                  ("SINCE", lambda j: _when(j.get("waiting_since"))),
+                  ("WHY", lambda j: ", ".join(r["code"] for r in j["reasons"]))]
+        table(page["jobs"], JOB_COLUMNS + (waited if reason else []), empty="no jobs match" if any(
             v is not None for v in (state, organization, project, pool, target, runner_id, reason,
                                     older_than, younger_than)) else "no jobs")
     if page["next"]:
-        (name, value), = page["next"].items()
-        click.echo(f"more: --{name.removesuffix('_id')} {value}", err=True)
+        click.echo("more: " + " ".join(f"--{name.removesuffix('_id')} {value}"
+                                       for name, value in page["next"].items()), err=True)
 
 
 @jobs.command("explain")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=WholeNumber())
 @click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
 @click.pass_obj
 def jobs_explain(obj: Context, job_id: int, as_json: bool) -> None:
@@ -430,7 +484,7 @@ def jobs_explain(obj: Context, job_id: int, as_json: bool) -> None:
 
 def _job_action(name: str, doc: str):
     @jobs.command(name, help=doc)
-    @click.argument("job_id", type=int)
+    @click.argument("job_id", type=WholeNumber())
     @click.option("--reason", default=None, help="Why (recorded in the audit log).")
     @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
     @click.pass_obj
@@ -512,7 +566,8 @@ def targets_resolve(obj: Context, name: str, outcome: str, note: str, as_json: b
 # --- looking: projects, pools, targets, runners, audit ---------------------------------
 
 def _json_option(what: str):
-    return click.option("--json", "as_json", is_flag=True, help=f"Print the {what} as JSON.")
+    return click.option("--json", "as_json", is_flag=True, help=f"Print the {what} as JSON "
+                                                             "(a list: as the API answers it).")
 
 
 def _running_table(jobs_: list[dict[str, Any]]) -> None:
@@ -545,7 +600,7 @@ def projects_list(obj: Context, as_json: bool) -> None:
     with obj.connect() as conn:
         rows = reads.list_projects(conn)
     if as_json:
-        emit(rows)
+        emit({"projects": rows})
         return
     table(rows, [("PROJECT", lambda p: p["name"]), ("ORGANIZATION", lambda p: p["organization"]),
                  ("RUNNING", lambda p: f"{p['running']}" + (f" of {p['max_running']}"
@@ -586,7 +641,7 @@ def targets_list(obj: Context, as_json: bool) -> None:
     with obj.connect() as conn:
         rows = reads.list_targets(conn)
     if as_json:
-        emit(rows)
+        emit({"targets": rows})
         return
     table(rows, [("TARGET", lambda t: t["name"]), ("STATE", lambda t: t["state"]),
                  ("HELD BY JOB", lambda t: str(t["holder_job_id"] or "-")),
@@ -638,7 +693,7 @@ def pools_list(obj: Context, as_json: bool) -> None:
     with obj.connect() as conn:
         rows = reads.list_pools(conn, live_seconds=obj.settings.lease_seconds)
     if as_json:
-        emit(rows)
+        emit({"pools": rows})
         return
     table(rows, [("POOL", lambda q: q["name"]),
                  ("POOL SLOTS", lambda q: f"{q['running']} of {q['slots']} held"),
@@ -699,13 +754,13 @@ def runners_list(obj: Context, as_json: bool) -> None:
     with obj.connect() as conn:
         rows = reads.list_runners(conn, live_seconds=obj.settings.lease_seconds)
     if as_json:
-        emit(rows)
+        emit({"runners": rows})
         return
     _runners_table(rows)
 
 
 @runners.command("show")
-@click.argument("runner_id", type=click.IntRange(1, MAX_BIGINT))
+@click.argument("runner_id", type=IntRange(1, MAX_BIGINT))
 @_json_option("runner")
 @click.pass_obj
 def runners_show(obj: Context, runner_id: int, as_json: bool) -> None:
@@ -738,27 +793,111 @@ def audit() -> None:
 @click.option("--action", default=None, help="Only this action (pause_project, resolve_target…).")
 @click.option("--subject", default=None,
               help="Only subjects starting with this (project:web, job:42, target:…).")
-@click.option("--limit", type=click.IntRange(1, 500), default=20, show_default=True)
-@click.option("--before", "before_id", type=click.IntRange(1, MAX_BIGINT), default=None, metavar="ID",
+@click.option("--job", "job_id", type=IntRange(1, MAX_BIGINT), default=None, metavar="ID",
+              help="Only job ID's own trail: every action on it, and the target resolutions "
+                   "that decided it.")
+@click.option("--limit", type=IntRange(1, 500), default=20, show_default=True)
+@click.option("--before", "before_id", type=IntRange(1, MAX_BIGINT), default=None, metavar="ID",
               help="Only events with a smaller id (the next page: the last id shown).")
-@_json_option("events")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print the page as GET /api/v1/audit answers it: {"events", "next"}.')
 @click.pass_obj
 def audit_list(obj: Context, actor: str | None, action: str | None, subject: str | None,
-               limit: int, before_id: int | None, as_json: bool) -> None:
+               job_id: int | None, limit: int, before_id: int | None, as_json: bool) -> None:
     """Audit events, newest first: who did what to which subject, when and why. When more
-    may match, the option for the next page is said on stderr (with --json too)."""
+    may match, the option for the next page is said on stderr (with --json too). A --job
+    that does not exist exits 2."""
     from pgdispatch.sql import audit as audit_log
+    from pgdispatch.sql.errors import UnknownFilter
 
     with obj.connect() as conn:
+        if job_id is not None and not audit_log.job_exists(conn, job_id=job_id):
+            raise UnknownFilter(f"unknown job {job_id}")
         events = audit_log.list_audit_events(conn, before_id=before_id or MAX_BIGINT, limit=limit,
-                                             actor=actor, action=action, subject=subject)
+                                             actor=actor, action=action, subject=subject,
+                                             job_id=job_id)
+    following = {"before_id": events[-1]["id"]} if len(events) == limit else None
     if as_json:
-        emit(events)
+        emit({"events": events, "next": following})
     else:
-        _audit_table(events, empty="no audit events match" if (actor or action or subject)
+        _audit_table(events, empty="no audit events match" if (actor or action or subject or job_id)
                      else "no audit events")
-    if len(events) == limit:
-        click.echo(f"more: --before {events[-1]['id']}", err=True)
+    if following:
+        click.echo(f"more: --before {following['before_id']}", err=True)
+
+
+# --- the overview -----------------------------------------------------------------------
+
+@cli.command("overview")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print it as GET /api/v1/overview answers it.")
+@click.pass_obj
+def overview_cmd(obj: Context, as_json: bool) -> None:
+    """What the console's overview says: how many jobs wait and why (every reason, and the
+    primary one), the oldest waiting job per pool and primary reason (how long, since when),
+    the capacity of organizations, projects and pools (pool slots and runner slots), the
+    uncertain targets and the paused projects."""
+    from pgdispatch.sql import reads
+
+    with obj.connect() as conn:
+        o = reads.overview_report(conn, live_seconds=obj.settings.lease_seconds)
+    if as_json:
+        emit(o)
+        return
+    age = o["summary_age_seconds"]
+    click.echo(f"waiting: {o['waiting']} job(s)" + (
+        f" (blocked summary from {_seconds(age)} ago)" if age is not None
+        else " (no summary yet: is a scheduler running?)"))
+    counted = [c for c in o["reason_counts"] if o["reason_counts"][c] or o["primary_counts"][c]]
+    if counted:
+        click.echo("")
+        table([{"code": c} for c in counted], [
+            ("REASON", lambda r: r["code"]),
+            ("WAITING (ANY REASON)", lambda r: str(o["reason_counts"][r["code"]])),
+            ("PRIMARY", lambda r: str(o["primary_counts"][r["code"]]))], empty="")
+    click.echo("")
+    click.echo("oldest waiting (per pool and primary reason):" if o["oldest_waiting"]
+               else "oldest waiting: none waits")
+    if o["oldest_waiting"]:
+        table(o["oldest_waiting"], [("POOL", lambda w: w["pool"]), ("REASON", lambda w: w["reason"]),
+                                    ("WAITING", lambda w: _seconds(w["seconds"])),
+                                    ("SINCE", lambda w: _when(w["since"]))], empty="")
+    click.echo("")
+    table(o["organizations"], [("ORGANIZATION", lambda r: r["name"]),
+                               ("RUNNING", lambda r: f"{r['running']} of {r['max_running']}"
+                                if r["max_running"] is not None else f"{r['running']} (no bound)")],
+          empty="no organizations")
+    click.echo("")
+    table(o["projects"], [("PROJECT", lambda p: p["name"]), ("ORGANIZATION", lambda p: p["organization"]),
+                          ("RUNNING", lambda p: f"{p['running']} of {p['max_running']}"
+                           if p["max_running"] is not None else f"{p['running']} (no bound)"),
+                          ("PAUSED", lambda p: "yes" if p["paused"] else "no")], empty="no projects")
+    click.echo("")
+    table(o["pools"], [("POOL", lambda q: q["name"]),
+                       ("POOL SLOTS", lambda q: f"{q['running']} of {q['slots']} held"),
+                       ("RUNNER SLOTS", lambda q: f"{q['runner_slots'] - q['free_runner_slots']} of "
+                                                  f"{q['runner_slots']} busy" if q["runner_slots"]
+                        else "no live runner"),
+                       ("LIVE RUNNERS", lambda q: str(q["live_runners"])),
+                       ("WAITING", lambda q: str(q["waiting"]))], empty="no pools")
+    click.echo("")
+    if o["uncertain_targets"]:
+        click.echo("uncertain targets (resolve: pgdispatch targets resolve NAME …):")
+        table(o["uncertain_targets"], [("TARGET", lambda t: t["name"]),
+                                       ("JOB", lambda t: str(t["holder_job_id"] or "-")),
+                                       ("PROJECT", lambda t: t["holder_project"] or "-"),
+                                       ("SINCE", lambda t: _when(t["held_since"]))], empty="")
+    else:
+        click.echo("uncertain targets: none")
+    click.echo("")
+    if o["paused_projects"]:
+        click.echo("paused projects:")
+        table(o["paused_projects"], [("PROJECT", lambda p: p["name"]),
+                                     ("BY", lambda p: p["paused_by"] or "?"),
+                                     ("SINCE", lambda p: _when(p["paused_at"])),
+                                     ("WHY", lambda p: _cut(p["pause_reason"], 60))], empty="")
+    else:
+        click.echo("paused projects: none")
 
 
 @cli.group()
@@ -769,7 +908,7 @@ def tokens() -> None:
 @tokens.command("create")
 @click.option("--user", "username", required=True, help="Existing username the token acts as.")
 @click.option("--name", default="api", show_default=True, help="A label for the token.")
-@click.option("--expires-in", "expires_in", type=click.IntRange(1, 10 * 366 * 86400), default=None,
+@click.option("--expires-in", "expires_in", type=IntRange(1, 10 * 366 * 86400), default=None,
               help="Seconds until the token stops authenticating (default: never).")
 @click.option("--expires-at", "expires_at", default=None,
               help="When the token stops authenticating: an ISO 8601 time with its offset "
@@ -828,7 +967,7 @@ def tokens_list(obj: Context, as_json: bool) -> None:
 
 
 @tokens.command("revoke")
-@click.argument("token_id", type=click.IntRange(1, 2**63 - 1))
+@click.argument("token_id", type=IntRange(1, 2**63 - 1))
 @click.option("--reason", default=None, help="Why (recorded in the audit log).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
@@ -861,11 +1000,11 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
 
 @cli.command("scheduler")
 @click.option("--pool", "pools", multiple=True, required=True, help="Pool to serve (repeatable).")
-@click.option("--slots", type=click.IntRange(1, 10000), required=True, help="Jobs run at once.")
+@click.option("--slots", type=IntRange(1, 10000), required=True, help="Jobs run at once.")
 @click.option("--name", default=None, help="Runner name (default host:pid).")
 @click.option("--grace-seconds", type=FiniteFloatRange(0, 86400), default=30.0, show_default=True,
               help="On SIGTERM, how long running jobs may finish before being handed back.")
-@click.option("--max-batch", type=click.IntRange(1, MAX_BATCH_LIMIT), default=10, show_default=True,
+@click.option("--max-batch", type=IntRange(1, MAX_BATCH_LIMIT), default=10, show_default=True,
               envvar="PGDISPATCH_MAX_BATCH",
               help="Most builds claimed, and most outcomes reported, in one transaction "
                    "(1: one job per transaction). Env: PGDISPATCH_MAX_BATCH.")
@@ -884,7 +1023,7 @@ def expire_cmd(obj: Context, as_json: bool) -> None:
                    "share a uid; a plain name is shared by every slot (weaker). A fresh "
                    "working directory, no credential of the scheduler, and whatever a job "
                    "leaves running of its uid killed when it ends. Env: PGDISPATCH_RUN_AS.")
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+@click.option("--metrics-port", type=IntRange(0, 65535), default=None,
               envvar="PGDISPATCH_METRICS_PORT",
               help="Serve this process's Prometheus metrics on this port (0: any free port, "
                    "logged). Default: off. Env: PGDISPATCH_METRICS_PORT.")

@@ -66,3 +66,18 @@ def list_audit_events(conn, *, before_id: int = 2**63 - 1, limit: int = 100,
                                             actor=actor, action=action, subject=subject))
     return list(Q.list_audit_events(conn, before_id=before_id, limit=limit, actor=actor,
                                     action=action, subject=subject))
+
+
+@transition("list_subject_events")
+def list_subject_events(conn, *, subject: str, limit: int = 10) -> list[dict[str, Any]]:
+    """The audit events of exactly ``subject`` ("project:web": never "project:web-legacy"'s),
+    newest first, at most ``limit``; each as list_audit_events gives it."""
+    return list(Q.list_subject_audit_events(conn, subject=subject, limit=limit))
+
+
+@transition("job_exists")
+def job_exists(conn, *, job_id: int) -> bool:
+    """Whether job ``job_id`` exists (False for an id no bigint holds)."""
+    if isinstance(job_id, bool) or not isinstance(job_id, int) or not 1 <= job_id <= 2**63 - 1:
+        return False
+    return bool(Q.job_exists(conn, job_id=job_id))

@@ -49,3 +49,17 @@ SELECT e.id, e.at, e.actor, e.action, e.subject, e.reason AS note,
  WHERE e.job_id = :job_id AND e.action IN ('resolve_target', 'late_report')
  ORDER BY e.id DESC
  LIMIT 1;
+
+-- name: list_subject_audit_events
+-- One subject's audit events, newest first, at most :limit: the subject matched exactly
+-- ("project:web" is not "project:web-legacy"), one range of audit_events_subject_idx.
+-- Read-only.
+SELECT id, at, actor, action, subject, reason, details
+  FROM audit_events
+ WHERE subject = :subject
+ ORDER BY subject, id DESC
+ LIMIT :limit;
+
+-- name: job_exists$
+-- Whether job :job_id exists (the audit list's job filter names an unknown one). Read-only.
+SELECT EXISTS (SELECT 1 FROM jobs WHERE id = :job_id);

@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-# list_audit_events: the shows' audit trails
-from .audit import list_audit_events
+# list_subject_events: the shows' audit trails
+from .audit import list_subject_events
 from .db import transition
 from .errors import InvalidInput, NotFound, UnknownFilter
 from .explain import (REASON_CODES, WAITING_STATES, read_world, reasons_for,
@@ -18,14 +18,22 @@ from .validate import JOB_STATES
 WAITING_SORTS = ("id", "oldest")
 
 
+def _quoted(value: object, width: int = 60) -> str:
+    """``value`` quoted for an error message, cut to ``width`` characters with …: a
+    5,000-character name is not echoed back whole."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 @transition("show_job")
-def show_job(conn, *, job_id: int, tail_chars: int = 65536) -> dict[str, Any]:
+def show_job(conn, *, job_id: int, tail_chars: int = 65536, audit_limit: int = 200) -> dict[str, Any]:
     """One job with its attempts (oldest first; each with up to ``tail_chars`` of output and
     ``duration_seconds``), its times in seconds (``age_seconds``, ``duration_seconds`` once
     it ended, ``waiting_since`` / ``waiting_seconds`` while it waits, ``running_seconds``
     while it runs: get_job, sql/jobs.sql) and ``resolution``: how its lost deployment was
     decided — {"outcome", "actor", "at", "note", "action"} (``resolve_target`` by an
-    operator, ``late_report`` by the attempt itself) — or None.
+    operator, ``late_report`` by the attempt itself) — or None; and ``audit``: the job's own
+    audit trail, oldest first, at most ``audit_limit`` events (list_job_audit).
 
     Raises: NotFound.
     """
@@ -36,6 +44,7 @@ def show_job(conn, *, job_id: int, tail_chars: int = 65536) -> dict[str, Any]:
     resolution = Q.last_job_resolution(conn, job_id=job_id)
     job["resolution"] = None if resolution is None else {
         k: resolution[k] for k in ("outcome", "actor", "at", "note", "action")}
+    job["audit"] = list(Q.list_job_audit(conn, job_id=job_id, limit=audit_limit))
     return job
 
 
@@ -186,6 +195,46 @@ def overview(conn, *, live_seconds: float = 90.0) -> dict[str, Any]:
     }
 
 
+@transition("overview_report")
+def overview_report(conn, *, live_seconds: float = 90.0) -> dict[str, Any]:
+    """What the console's overview says, as data for ``pgdispatch overview`` and
+    ``GET /api/v1/overview`` (from ``overview``: the summary, no job rows read).
+
+    Returns:
+        {"now", "waiting" (waiting jobs), "reason_counts" (code -> jobs under every reason
+        that holds for them), "primary_counts" (code -> jobs under their first reason: these
+        sum to "waiting"), "oldest_waiting": [{"pool", "reason" (primary), "since",
+        "seconds"}] oldest first, "organizations": [{"name", "running", "max_running"}],
+        "projects": [{"name", "organization", "running", "max_running", "weight",
+        "paused"}], "pools": [{"name", "slots" (pool slots), "running" (pool slots held),
+        "runner_slots", "free_runner_slots" (of its live runners), "live_runners",
+        "waiting"}], "uncertain_targets": [{"name", "holder_job_id", "holder_project",
+        "held_since"}], "paused_projects": [{"name", "organization", "paused_by",
+        "paused_at", "pause_reason"}], "jobs_by_state", "summary_age_seconds" (None before
+        the summaries duty first ran)}. Every duration in seconds.
+    """
+    o = overview(conn, live_seconds=live_seconds)
+    return {
+        "now": o["now"], "waiting": o["waiting"], "reason_counts": o["reason_counts"],
+        "primary_counts": o["primary_counts"], "oldest_waiting": o["oldest_waiting"],
+        "organizations": [{k: r[k] for k in ("name", "running", "max_running")}
+                          for r in o["organizations"]],
+        "projects": [{**{k: p[k] for k in ("name", "organization", "running", "max_running",
+                                           "weight")}, "paused": p["paused_at"] is not None}
+                     for p in o["projects"]],
+        "pools": [{k: q[k] for k in ("name", "slots", "running", "runner_slots",
+                                     "free_runner_slots", "live_runners", "waiting")}
+                  for q in sorted(o["pools"], key=lambda q: q["name"])],
+        "uncertain_targets": [{k: t[k] for k in ("name", "holder_job_id", "holder_project",
+                                                 "held_since")}
+                              for t in o["targets"] if t["state"] == "uncertain"],
+        "paused_projects": [{k: p[k] for k in ("name", "organization", "paused_by", "paused_at",
+                                               "pause_reason")} for p in o["paused_projects"]],
+        "jobs_by_state": o["jobs_by_state"],
+        "summary_age_seconds": o["summary_age_seconds"],
+    }
+
+
 @transition("list_projects")
 def list_projects(conn) -> list[dict[str, Any]]:
     """Projects with organization, limits, running count, pause state and pools."""
@@ -259,9 +308,9 @@ JOB_FILTERS = ("state", "organization", "project", "pool", "target", "runner_id"
 def _check_job_list_input(*, state, reason, runner_id, older_than_seconds,
                           younger_than_seconds, before_id, after_id, limit) -> None:
     if state is not None and state not in JOB_STATES:
-        raise InvalidInput(f"unknown state {state!r} (one of {', '.join(JOB_STATES)})")
+        raise InvalidInput(f"unknown state {_quoted(state)} (one of {', '.join(JOB_STATES)})")
     if reason is not None and reason not in REASON_CODES:
-        raise InvalidInput(f"unknown reason {reason!r} (one of {', '.join(REASON_CODES)})")
+        raise InvalidInput(f"unknown reason {_quoted(reason)} (one of {', '.join(REASON_CODES)})")
     for name, value in (("runner", runner_id), ("before_id", before_id), ("after_id", after_id)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                   or not 0 <= value <= MAX_BIGINT or (name == "runner" and value == 0)):
@@ -281,7 +330,7 @@ def _job_filter_ids(conn, *, organization, project, pool, target, runner_id) -> 
     for name, given in (("organization", organization), ("project", project), ("pool", pool),
                         ("target", target)):
         if given is not None and ids[f"{name}_id"] is None:
-            raise UnknownFilter(f"unknown {name} {given!r}")
+            raise UnknownFilter(f"unknown {name} {_quoted(given)}")
     if runner_id is not None and ids["runner_id"] is None:
         raise UnknownFilter(f"unknown runner {runner_id}")
     return ids
@@ -306,11 +355,12 @@ def list_jobs(conn, *, state: str | None = None, organization: str | None = None
 
     Paging by id (keyset): without ``after_id`` the newest jobs below ``before_id``, newest
     first; with it the oldest jobs above ``after_id`` (and below ``before_id``), oldest first.
+    Both together are a window: its every page keeps ``before_id`` in ``next``.
 
     Returns:
         {"jobs": [row], "order": "newest_first" | "oldest_first", "next": {"before_id": id}
-        or {"after_id": id} (the same call with it gives the following page) or None (no
-        more), "now": the database's time}. Each row: id, state, priority, command, project,
+        or {"after_id": id} (with "before_id" too in a window) (the same call with it gives
+        the following page) or None (no more), "now": the database's time}. Each row: id, state, priority, command, project,
         organization, pool, target, created_at, ready_at, started_at (first claim),
         finished_at, last_error, attempt_no, runner_id, runner (name) and claimed_at of the
         latest attempt, age_seconds, running_seconds (running jobs: since the running
@@ -345,9 +395,17 @@ def list_jobs(conn, *, state: str | None = None, organization: str | None = None
     forward = after_id is not None
     more = len(rows) == limit
     return {"jobs": rows, "order": "oldest_first" if forward else "newest_first",
-            "next": ({"after_id": rows[-1]["id"]} if forward else {"before_id": rows[-1]["id"]})
-                    if more else None,
+            "next": _following(rows[-1]["id"], forward=forward, before_id=before_id) if more else None,
             "now": now}
+
+
+def _following(last_id: int, *, forward: bool, before_id: int | None) -> dict[str, int]:
+    """The cursor of the page after the one that ended at ``last_id``: newest first, the ids
+    below it; oldest first, the ids above it, still below ``before_id`` when one was given
+    (a window between two ids keeps its upper bound on every page)."""
+    if not forward:
+        return {"before_id": last_id}
+    return {"after_id": last_id} if before_id is None else {"after_id": last_id, "before_id": before_id}
 
 
 def _list_waiting_with_reason(conn, *, reason, state, organization, project, pool, target_id,
@@ -382,7 +440,8 @@ def _list_waiting_with_reason(conn, *, reason, state, organization, project, poo
                     cursor = job["id"]
                     break
     return {"jobs": out, "order": "oldest_first",
-            "next": {"after_id": cursor} if cursor is not None and out else None, "now": now}
+            "next": _following(cursor, forward=True, before_id=before_id)
+                    if cursor is not None and out else None, "now": now}
 
 
 # --- show one project, pool, target, runner (`pgdispatch … show`, /api/v1/…/{name}) --------
@@ -398,15 +457,15 @@ def _running_jobs(conn, **filters: Any) -> list[dict[str, Any]]:
 def show_project(conn, *, name: str) -> dict[str, Any]:
     """One project as list_projects gives it, with "running_jobs" (the jobs holding its
     capacity, newest first, at most HOLDERS_SHOWN; list_jobs rows) and "audit" (its last 10
-    audit events, newest first).
+    audit events, newest first: subject "project:NAME" exactly, no other project's).
 
     Raises: NotFound.
     """
     project = next((p for p in Q.list_projects(conn) if p["name"] == name), None)
     if project is None:
-        raise NotFound(f"unknown project {name!r}")
+        raise NotFound(f"unknown project {_quoted(name)}")
     return {**project, "running_jobs": _running_jobs(conn, project=name),
-            "audit": list_audit_events(conn, subject=f"project:{name}", limit=10)}
+            "audit": list_subject_events(conn, subject=f"project:{name}", limit=10)}
 
 
 @transition("list_pools")
@@ -429,7 +488,7 @@ def show_pool(conn, *, name: str, live_seconds: float = 90.0) -> dict[str, Any]:
     """
     pool = next((p for p in list_pools(conn, live_seconds=live_seconds) if p["name"] == name), None)
     if pool is None:
-        raise NotFound(f"unknown pool {name!r}")
+        raise NotFound(f"unknown pool {_quoted(name)}")
     runners = [r for r in Q.list_runners(conn, live_seconds=live_seconds)
                if r["is_live"] and name in r["pools"]]
     return {**pool, "runners": runners, "running_jobs": _running_jobs(conn, pool=name)}
@@ -438,14 +497,15 @@ def show_pool(conn, *, name: str, live_seconds: float = 90.0) -> dict[str, Any]:
 @transition("show_target")
 def show_target(conn, *, name: str) -> dict[str, Any]:
     """One target as list_targets gives it (state, holder, evidence of its last attempt),
-    with "audit" (its last 10 audit events, newest first: resolutions).
+    with "audit" (its last 10 audit events, newest first: resolutions; subject "target:NAME"
+    exactly, no other target's).
 
     Raises: NotFound.
     """
     target = next((t for t in Q.list_targets(conn) if t["name"] == name), None)
     if target is None:
-        raise NotFound(f"unknown target {name!r}")
-    return {**target, "audit": list_audit_events(conn, subject=f"target:{name}", limit=10)}
+        raise NotFound(f"unknown target {_quoted(name)}")
+    return {**target, "audit": list_subject_events(conn, subject=f"target:{name}", limit=10)}
 
 
 @transition("show_runner")

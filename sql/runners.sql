@@ -45,11 +45,12 @@ SELECT d.duty, d.runner_id, r.name AS runner_name, d.term, d.held_since, d.expir
  ORDER BY d.duty;
 
 -- name: list_runners
--- Runners seen or stopped within the hour (older dead ones drop off), with live flag and slots used.
+-- Runners seen or stopped within the hour (older dead ones drop off), with live flag and slots used;
+-- stop_reason: how a stopped one ended (stopped, or lost: marked by the cleanup duty).
 -- With the runner's login, the pools granted to that login now (every pool for an unbound
 -- login: is_unbound) and the pools it asked for that are not granted (a revoked grant).
 SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
-       r.stopped_at, r.login, pgd_login_is_unbound(r.login) AS is_unbound,
+       r.stopped_at, r.stop_reason, r.login, pgd_login_is_unbound(r.login) AS is_unbound,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (g.pool_ids) ORDER BY q.name) AS granted_pools,
        ARRAY(SELECT q.name FROM pools q

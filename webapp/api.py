@@ -207,13 +207,16 @@ def submit_job():
 
 @bp.get("/jobs/<int:job_id>")
 def get_job(job_id: int):
-    """One job with its attempts."""
+    """One job with its attempts, its resolution (a lost deployment an operator decided) and
+    its own audit trail."""
+    query_values("getJob", request.args)
     return jsonify(reads.show_job(get_conn(), job_id=check_job_id(job_id)))
 
 
 @bp.get("/jobs/<int:job_id>/explain")
 def explain_job(job_id: int):
     """Why the job is not running, as reason codes with messages."""
+    query_values("explainJob", request.args)
     return jsonify(explain.explain_job(get_conn(), job_id=check_job_id(job_id),
                                        live_seconds=current_app.config["RUNNER_LIVE_SECONDS"]))
 
@@ -296,21 +299,34 @@ def list_jobs():
                     "next_url": _next_url("api.list_jobs", query, page["next"])})
 
 
+@bp.get("/overview")
+def overview():
+    """What the console's overview says (reads.overview_report): waiting jobs by every reason
+    and by primary, the oldest waiting per pool and primary reason, capacity, uncertain
+    targets, paused projects."""
+    query_values("getOverview", request.args)
+    return jsonify(reads.overview_report(get_conn(),
+                                         live_seconds=current_app.config["RUNNER_LIVE_SECONDS"]))
+
+
 @bp.get("/projects")
 def list_projects():
     """Every project with its organization, limits, running count, pause and pools."""
+    query_values("listProjects", request.args)
     return jsonify({"projects": reads.list_projects(get_conn())})
 
 
 @bp.get("/projects/<name>")
 def get_project(name: str):
     """One project with the jobs running for it and its last audit events."""
+    query_values("getProject", request.args)
     return jsonify(reads.show_project(get_conn(), name=name))
 
 
 @bp.get("/pools")
 def list_pools():
     """Every pool: pool slots held, and the runner slots of its live runners."""
+    query_values("listPools", request.args)
     return jsonify({"pools": reads.list_pools(get_conn(),
                                               live_seconds=current_app.config["RUNNER_LIVE_SECONDS"])})
 
@@ -318,6 +334,7 @@ def list_pools():
 @bp.get("/pools/<name>")
 def get_pool(name: str):
     """One pool with its live runners and the jobs running on it."""
+    query_values("getPool", request.args)
     return jsonify(reads.show_pool(get_conn(), name=name,
                                    live_seconds=current_app.config["RUNNER_LIVE_SECONDS"]))
 
@@ -325,18 +342,21 @@ def get_pool(name: str):
 @bp.get("/targets")
 def list_targets():
     """Every target, uncertain first, with its holder."""
+    query_values("listTargets", request.args)
     return jsonify({"targets": reads.list_targets(get_conn())})
 
 
 @bp.get("/targets/<name>")
 def get_target(name: str):
     """One target with the evidence of its last attempt and its last audit events."""
+    query_values("getTarget", request.args)
     return jsonify(reads.show_target(get_conn(), name=name))
 
 
 @bp.get("/runners")
 def list_runners():
-    """Runners seen or stopped within the hour."""
+    """Runners seen or stopped within the hour (stop_reason: stopped or lost)."""
+    query_values("listRunners", request.args)
     return jsonify({"runners": reads.list_runners(
         get_conn(), live_seconds=current_app.config["RUNNER_LIVE_SECONDS"])})
 
@@ -344,18 +364,25 @@ def list_runners():
 @bp.get("/runners/<int:runner_id>")
 def get_runner(runner_id: int):
     """One runner of any age with the jobs it runs now."""
+    query_values("getRunner", request.args)
     return jsonify(reads.show_runner(get_conn(), runner_id=runner_id,
                                      live_seconds=current_app.config["RUNNER_LIVE_SECONDS"]))
 
 
 @bp.get("/audit")
 def list_audit_events():
-    """Audit events, newest first, filtered by actor, action and subject prefix."""
+    """Audit events, newest first, filtered by actor, action, subject prefix and job (its own
+    trail); a job that does not exist is 404."""
     query = query_values("listAuditEvents", request.args)
     limit = query.get("limit", 50)
-    events = audit.list_audit_events(get_conn(), before_id=query.get("before_id", 2**63 - 1),
+    conn = get_conn()
+    job_id = query.get("job")
+    if job_id is not None and not audit.job_exists(conn, job_id=job_id):
+        raise NotFound(f"unknown job {job_id}")
+    events = audit.list_audit_events(conn, before_id=query.get("before_id", 2**63 - 1),
                                      limit=limit, actor=query.get("actor"),
-                                     action=query.get("action"), subject=query.get("subject"))
+                                     action=query.get("action"), subject=query.get("subject"),
+                                     job_id=job_id)
     following = {"before_id": events[-1]["id"]} if len(events) == limit else None
     return jsonify({"events": events, "next": following,
                     "next_url": _next_url("api.list_audit_events", query, following)})

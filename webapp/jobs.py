@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from flask import Blueprint, current_app, redirect, render_template, request, url_for
 
 from pgdispatch.sql import InvalidInput, explain, reads, transitions
@@ -71,16 +73,19 @@ TEXT_FILTERS = ("state", "organization", "project", "pool", "target", "reason")
 AGE_FILTERS = {"older_than": "older_than_seconds", "younger_than": "younger_than_seconds"}
 # the age menus' choices (seconds); any other number of seconds works in the URL
 AGE_CHOICES = (60, 300, 900, 3600, 6 * 3600, 86400, 7 * 86400)
+AGE_PATTERN = re.compile(r"[0-9]+(\.[0-9]+)?")
 
 
 def _age_arg(name: str) -> float | None:
     raw = request.args.get(name, "").strip()
     if raw == "":
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise InvalidInput(f"{name} must be a number of seconds, got {raw[:40]!r}") from None
+    # ASCII digits only: float() also reads "1_000", "١٢" and "1e3"
+    if len(raw) > 40 or not AGE_PATTERN.fullmatch(raw):
+        raise InvalidInput(f"{name} must be a number of seconds between 0 and "
+                           f"{reads.MAX_AGE_SECONDS} in ASCII digits, got "
+                           f"{raw[:40]!r}{'…' if len(raw) > 40 else ''}")
+    value = float(raw)
     if not 0 <= value <= reads.MAX_AGE_SECONDS:  # NaN included
         raise InvalidInput(f"{name} must be a number of seconds between 0 and {reads.MAX_AGE_SECONDS}")
     return value

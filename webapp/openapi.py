@@ -37,8 +37,9 @@ _UNAVAILABLE = {"$ref": "#/components/responses/Unavailable"}
 # server's bounds (webapp/limits.py, and gunicorn's own in webapp/serve.py), a database
 # that cannot answer now.
 _EVERY = (414, 431, 503)
-# Every operation that reads: no token or a bad one; a job that does not exist.
-_READ = (401, 404, *_EVERY)
+# Every operation that reads: no token or a bad one; a job that does not exist; a query
+# parameter it does not take (422: a misspelt filter is refused, never ignored).
+_READ = (401, 404, 422, *_EVERY)
 # Every operation that acts, besides its own 409: a body that cannot be read (400), a
 # viewer's token or a refusal by the database (403), a body past 1 MiB (413), not JSON
 # (415), refused by this document's schema or the transition's checks (422).
@@ -111,6 +112,8 @@ _AUDIT_FILTERS = [
            "only this action (pause_project, resolve_target…)"),
     _query("subject", {"type": "string", "minLength": 1, "maxLength": 200, "pattern": _NO_NUL},
            "only subjects starting with this (project:web, job:42, target:…)"),
+    _query("job", _BIGINT, "only this job's own trail: every action on it and the target "
+                           "resolutions that decided it (404: no such job)"),
     _LIMIT, _BEFORE,
 ]
 # A list refuses what its document refuses (422), and a name that does not exist (404).
@@ -128,23 +131,27 @@ def _get(summary: str, operation_id: str, schema: str, *, parameters: list | Non
 _RUNNER_ID = {"name": "runner_id", "in": "path", "required": True, "schema": _BIGINT}
 _NULLABLE_TIME = {"type": ["string", "null"], "format": "date-time"}
 _LIST_PATHS: dict[str, Any] = {
-    "/projects": _get("Every project", "listProjects", "ProjectList", errors=(401, *_EVERY)),
+    "/projects": _get("Every project", "listProjects", "ProjectList", errors=(401, 422, *_EVERY)),
     "/projects/{name}": _get("One project, with the jobs running for it and its last audit "
                              "events", "getProject", "ProjectDetail", parameters=[_NAME]),
     "/pools": _get("Every pool, with pool slots and runner slots", "listPools", "PoolList",
-                   errors=(401, *_EVERY)),
+                   errors=(401, 422, *_EVERY)),
     "/pools/{name}": _get("One pool, with its live runners and the jobs running on it",
                           "getPool", "PoolDetail", parameters=[_NAME]),
     "/targets": _get("Every target, uncertain first", "listTargets", "TargetList",
-                     errors=(401, *_EVERY)),
+                     errors=(401, 422, *_EVERY)),
     "/targets/{name}": _get("One target, with its last audit events", "getTarget",
                             "TargetDetail", parameters=[_NAME]),
     "/runners": _get("Runners seen or stopped within the hour", "listRunners", "RunnerList",
-                     errors=(401, *_EVERY)),
+                     errors=(401, 422, *_EVERY)),
     "/runners/{runner_id}": _get("One runner of any age, with the jobs it runs now",
                                  "getRunner", "RunnerDetail", parameters=[_RUNNER_ID]),
     "/audit": _get("Audit events, newest first", "listAuditEvents", "AuditList",
-                   parameters=_AUDIT_FILTERS, errors=(401, 422, *_EVERY)),
+                   parameters=_AUDIT_FILTERS, errors=_LIST),
+    "/overview": _get("What the overview says: waiting jobs by every reason and by primary, "
+                      "the oldest waiting per pool and primary reason, capacity, uncertain "
+                      "targets, paused projects", "getOverview", "Overview",
+                      errors=(401, 422, *_EVERY)),
 }
 _LIST_SCHEMAS: dict[str, Any] = {
     "JobListItem": {
@@ -176,8 +183,9 @@ _LIST_SCHEMAS: dict[str, Any] = {
                "properties": {"code": {"enum": list(REASON_CODES)}, "message": {"type": "string"},
                               "details": {"type": "object"}}},
     "Next": {"type": ["object", "null"],
-             "description": "the query parameter of the next page (null: no more), e.g. "
-                            "{\"before_id\": 812}",
+             "description": "the query parameters of the next page (null: no more), e.g. "
+                            "{\"before_id\": 812}; a window (after_id and before_id) keeps "
+                            "its before_id",
              "properties": {"before_id": {"type": "integer"}, "after_id": {"type": "integer"}}},
     "JobList": {"type": "object", "required": ["jobs", "order", "next"],
                 "properties": {
@@ -232,7 +240,11 @@ _LIST_SCHEMAS: dict[str, Any] = {
                               "pools": {"type": "array", "items": {"type": "string"}},
                               "is_live": {"type": "boolean"}, "draining": {"type": "boolean"},
                               "last_heartbeat_at": {"type": "string", "format": "date-time"},
-                              "stopped_at": _NULLABLE_TIME}},
+                              "stopped_at": _NULLABLE_TIME,
+                              "stop_reason": {"enum": ["stopped", "lost", None],
+                                              "description": "how a stopped runner ended: "
+                                                             "stopped cleanly, or lost (it "
+                                                             "stopped beating)"}}},
     "RunnerList": {"type": "object", "required": ["runners"], "properties": {
         "runners": {"type": "array", "items": {"$ref": "#/components/schemas/Runner"}}}},
     "RunnerDetail": {"allOf": [{"$ref": "#/components/schemas/Runner"}, {
@@ -247,7 +259,58 @@ _LIST_SCHEMAS: dict[str, Any] = {
                                   "details": {"type": "object"}}},
     "AuditList": {"type": "object", "required": ["events", "next"], "properties": {
         "events": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEvent"}},
-        "next": {"$ref": "#/components/schemas/Next"}}},
+        "next": {"$ref": "#/components/schemas/Next"},
+        "next_url": {"type": ["string", "null"]}}},
+    "Resolution": {"type": ["object", "null"],
+                   "description": "how a lost deployment was decided (null: it was not)",
+                   "properties": {"outcome": {"enum": ["succeeded", "failed", "retry"]},
+                                  "actor": {"type": "string"},
+                                  "at": {"type": "string", "format": "date-time"},
+                                  "note": {"type": ["string", "null"]},
+                                  "action": {"enum": ["resolve_target", "late_report"]}}},
+    "Overview": {
+        "type": "object",
+        "required": ["now", "waiting", "reason_counts", "primary_counts", "oldest_waiting",
+                     "organizations", "projects", "pools", "uncertain_targets", "paused_projects"],
+        "properties": {
+            "now": {"type": "string", "format": "date-time"},
+            "waiting": {"type": "integer", "description": "waiting jobs (blocked, queued, uncertain)"},
+            "reason_counts": {"type": "object", "description": "reason code -> waiting jobs with "
+                                                                "that reason among theirs",
+                              "additionalProperties": {"type": "integer"}},
+            "primary_counts": {"type": "object", "description": "reason code -> waiting jobs whose "
+                                                                 "first reason it is (they sum to waiting)",
+                               "additionalProperties": {"type": "integer"}},
+            "oldest_waiting": {"type": "array", "description": "oldest first", "items": {
+                "type": "object", "required": ["pool", "reason", "since", "seconds"],
+                "properties": {"pool": {"type": "string"}, "reason": {"enum": list(REASON_CODES)},
+                               "since": {"type": "string", "format": "date-time"},
+                               "seconds": {"type": "number"}}}},
+            "organizations": {"type": "array", "items": {"type": "object", "properties": {
+                "name": {"type": "string"}, "running": {"type": "integer"},
+                "max_running": {"type": ["integer", "null"]}}}},
+            "projects": {"type": "array", "items": {"type": "object", "properties": {
+                "name": {"type": "string"}, "organization": {"type": "string"},
+                "running": {"type": "integer"}, "max_running": {"type": ["integer", "null"]},
+                "weight": {"type": "integer"}, "paused": {"type": "boolean"}}}},
+            "pools": {"type": "array", "items": {"type": "object", "properties": {
+                "name": {"type": "string"},
+                "slots": {"type": "integer", "description": "pool slots: the pool's limit"},
+                "running": {"type": "integer", "description": "pool slots held"},
+                "runner_slots": {"type": "integer", "description": "slots of its live runners"},
+                "free_runner_slots": {"type": "integer"}, "live_runners": {"type": "integer"},
+                "waiting": {"type": "integer"}}}},
+            "uncertain_targets": {"type": "array", "items": {"type": "object", "properties": {
+                "name": {"type": "string"}, "holder_job_id": {"type": ["integer", "null"]},
+                "holder_project": {"type": ["string", "null"]}, "held_since": _NULLABLE_TIME}}},
+            "paused_projects": {"type": "array", "items": {"type": "object", "properties": {
+                "name": {"type": "string"}, "organization": {"type": "string"},
+                "paused_by": {"type": ["string", "null"]}, "paused_at": _NULLABLE_TIME,
+                "pause_reason": {"type": ["string", "null"]}}}},
+            "jobs_by_state": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "summary_age_seconds": {"type": ["number", "null"],
+                                    "description": "age of the queue summary (null: none yet)"},
+        }},
 }
 
 
@@ -285,7 +348,8 @@ SPEC: dict[str, Any] = {
             },
         }},
         "/jobs/{job_id}": {"get": {
-            "summary": "Show a job with its attempts", "operationId": "getJob",
+            "summary": "Show a job with its attempts, its resolution and its audit trail",
+            "operationId": "getJob",
             "parameters": [_JOB_ID],
             "responses": {"200": _json({"$ref": "#/components/schemas/JobWithAttempts"}, "the job"),
                           **_errors(*_READ)},
@@ -401,8 +465,12 @@ SPEC: dict[str, Any] = {
             },
             "JobWithAttempts": {"allOf": [
                 {"$ref": "#/components/schemas/Job"},
-                {"type": "object", "properties": {"attempts": {
-                    "type": "array", "items": {"$ref": "#/components/schemas/Attempt"}}}},
+                {"type": "object", "properties": {
+                    "attempts": {"type": "array", "items": {"$ref": "#/components/schemas/Attempt"}},
+                    "resolution": {"$ref": "#/components/schemas/Resolution"},
+                    "audit": {"type": "array", "description": "the job's own audit trail, "
+                                                              "oldest first (at most 200)",
+                              "items": {"$ref": "#/components/schemas/AuditEvent"}}}},
             ]},
             "Attempt": {
                 "type": "object",
@@ -470,6 +538,12 @@ def _field(path: list) -> str:
     return name or "the request body"
 
 
+def _cut(value: str, width: int = 60) -> str:
+    """``value`` quoted for an error message, cut to ``width`` characters with …."""
+    text = repr(value)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def _shown(value: Any) -> str:
     if isinstance(value, (dict, list)):
         return "an object" if isinstance(value, dict) else "a list"
@@ -531,17 +605,20 @@ def body_error(operation_id: str, body: Any) -> str | None:
 _MAX_DIGITS = 25
 
 
+# numbers in ASCII digits only: float() and int() also read "1_000", " 5" and other
+# scripts' digits ("١٢")
+_WHOLE = re.compile(r"-?[0-9]+")
+_NUMBER = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
+
+
 def _query_value(raw: str, schema: dict[str, Any]) -> Any:
-    """``raw`` as the type its schema says, where it reads as one; else ``raw`` itself, for
-    the schema's check to refuse."""
+    """``raw`` as the type its schema says, where it reads as one (ASCII digits); else
+    ``raw`` itself, for the schema's check to refuse."""
     kind = schema.get("type")
-    if kind == "integer" and len(raw) <= _MAX_DIGITS and re.fullmatch(r"-?[0-9]+", raw):
+    if kind == "integer" and len(raw) <= _MAX_DIGITS and _WHOLE.fullmatch(raw):
         return int(raw)
-    if kind == "number" and len(raw) <= 40:
-        try:
-            value = float(raw)
-        except ValueError:
-            return raw
+    if kind == "number" and len(raw) <= 40 and _NUMBER.fullmatch(raw):
+        value = float(raw)
         return value if math.isfinite(value) else raw
     return raw
 
@@ -558,10 +635,11 @@ def query_values(operation_id: str, args) -> dict[str, Any]:
 
     Raises InvalidInput (422) naming the first parameter refused: unknown, given twice, of
     another type, out of range, not a name."""
-    declared = [p["name"] for p in _operations()[operation_id]["parameters"] if p["in"] == "query"]
+    declared = [p["name"] for p in _operations()[operation_id].get("parameters", []) if p["in"] == "query"]
     unknown = sorted(set(args) - set(declared))
     if unknown:
-        raise InvalidInput(f"unknown query parameter {unknown[0][:40]!r} (one of {', '.join(declared)})")
+        known = f"one of {', '.join(declared)}" if declared else "it takes none"
+        raise InvalidInput(f"unknown query parameter {_cut(unknown[0])} ({known})")
     values: dict[str, Any] = {}
     for name in declared:
         given = args.getlist(name)

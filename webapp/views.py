@@ -127,7 +127,9 @@ def arg_int(name: str, default: int, *, low: int = 0, high: int = MAX_BIGINT) ->
     raw = request.args.get(name, "").strip()
     if raw == "":
         return default
-    if not (raw.isascii() and raw.isdigit()) or not low <= int(raw) <= high:
+    # ASCII digits only (int() also reads "1_000" and other scripts' digits), and no more of
+    # them than a bigint has (int() refuses over 4300)
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 25 or not low <= int(raw) <= high:
         raise InvalidInput(f"{name} must be a whole number between {low} and {high}")
     return int(raw)
 
@@ -135,5 +137,6 @@ def arg_int(name: str, default: int, *, low: int = 0, high: int = MAX_BIGINT) ->
 def check_job_id(job_id: int) -> int:
     """404 for ids no bigint can hold (the URL converter accepts any digits)."""
     if not 1 <= job_id <= MAX_BIGINT:
-        abort(404, description=f"unknown job {job_id}")
+        shown = str(job_id)
+        abort(404, description=f"unknown job {shown if len(shown) <= 40 else shown[:39] + '…'}")
     return job_id

@@ -72,8 +72,8 @@ def test_jobs_list_pages_the_newest_jobs_and_filters_by_state(pgd, conn):
     assert lines[0].split()[-2:] == ["echo", "4"]
     assert listed.stderr == f"more: --before {ids[2]}\n"
     older = json.loads(pgd("jobs", "list", "--limit", "3", "--before-id", str(ids[2]), "--json").stdout)
-    assert [j["id"] for j in older] == [ids[1], ids[0]]
-    cancelled = json.loads(pgd("jobs", "list", "--state", "cancelled", "--json").stdout)
+    assert [j["id"] for j in older["jobs"]] == [ids[1], ids[0]] and older["next"] is None
+    cancelled = json.loads(pgd("jobs", "list", "--state", "cancelled", "--json").stdout)["jobs"]
     assert [(j["id"], j["state"]) for j in cancelled] == [(ids[1], "cancelled")]
     bad = pgd("jobs", "list", "--state", "paused", check=False)
     assert bad.returncode == 2 and "paused" in bad.stderr

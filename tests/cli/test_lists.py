@@ -5,6 +5,7 @@ a table by default, JSON with --json, one line on stderr and exit 2 for an unkno
 from __future__ import annotations
 
 import json
+import re
 
 from pgdispatch.sql import transitions
 
@@ -23,13 +24,13 @@ def test_jobs_list_filters_holders_and_reasons(pgd, world):
     assert out[0].split()[:6] == ["ID", "STATE", "PROJECT", "POOL", "TARGET", "RUNNER"]
     assert len(out) == 2 and out[1].split()[:6] == [str(running["id"]), "running", "acme/web",
                                                     "linux", "-", "r-cli"]
-    held = json.loads(pgd("jobs", "list", "--runner", str(runner), "--state", "running", "--json").stdout)
+    held = json.loads(pgd("jobs", "list", "--runner", str(runner), "--state", "running", "--json").stdout)["jobs"]
     assert [(j["id"], j["runner"]) for j in held] == [(running["id"], "r-cli")]
     assert held[0]["running_seconds"] >= 0 and held[0]["age_seconds"] >= 0
     why = pgd("jobs", "list", "--reason", "approval_required").stdout.splitlines()
     assert why[0].split()[-1] == "WHY" and why[1].split()[0] == str(gated["id"])
     assert "approval_required" in why[1]
-    newer = json.loads(pgd("jobs", "list", "--after", str(running["id"]), "--json").stdout)
+    newer = json.loads(pgd("jobs", "list", "--after", str(running["id"]), "--json").stdout)["jobs"]
     assert [j["id"] for j in newer] == [gated["id"], queued["id"]]
     none = pgd("jobs", "list", "--project", "web", "--older-than", "86400")
     assert none.stdout == "no jobs match\n"
@@ -82,10 +83,76 @@ def test_projects_pools_targets_runners_and_audit(pgd, world, conn):
     assert events[0].split() == ["ID", "AT", "ACTOR", "ACTION", "SUBJECT", "WHY"]
     assert "pause_project" in events[1] and "project:web" in events[1]
     page = pgd("audit", "list", "--limit", "1", "--json")
-    assert len(json.loads(page.stdout)) == 1 and page.stderr.startswith("more: --before ")
+    assert len(json.loads(page.stdout)["events"]) == 1 and page.stderr.startswith("more: --before ")
     for args, code, message in ((("projects", "show", "nope"), 3, "unknown project 'nope'"),
                                 (("pools", "show", "nope"), 3, "unknown pool 'nope'"),
                                 (("targets", "show", "nope"), 3, "unknown target 'nope'"),
                                 (("runners", "show", "424242"), 3, "unknown runner 424242")):
         bad = pgd(*args, check=False)
         assert (bad.returncode, len(bad.stderr.splitlines())) == (code, 1) and message in bad.stderr
+
+
+def test_a_resolved_deployment_its_trail_and_the_overview(pgd, world):
+    """jobs show says how a lost deployment was resolved (not "last error: -") and lists the
+    job's own audit trail; audit list --job gives the trail; overview says how long the
+    oldest job waited; runners list says lost vs stopped; the --json of a list is the API's
+    object."""
+    runner = world.runner(pools=("deploy",), name="r-lost")
+    job = world.job(pool="deploy", target="production", command=["deploy.sh"])
+    claim = world.claim(runner, pools=("deploy",))
+    world.expire_now(claim.attempt_id)
+    transitions.expire_leases(world.conn)
+    transitions.resolve_target(world.conn, target="production", outcome="failed",
+                               note="checked: not deployed", actor="alice")
+    world.conn.execute("UPDATE runners SET stopped_at = now(), stop_reason = 'lost' WHERE id = %s",
+                       (runner,))  # test-only: as the cleanup duty marks a silent runner
+    transitions.stop_runner(world.conn, runner_id=world.runner(name="r-done"))
+    gated = world.job(requires_approval=True)
+    transitions.summarize_queue(world.conn)
+
+    shown = pgd("jobs", "show", str(job["id"])).stdout
+    assert "resolved:     failed by alice at " in shown and ": checked: not deployed" in shown
+    assert "last error" not in shown
+    trail = shown.split("audit trail (oldest first):\n", 1)[1].splitlines()
+    assert trail[0].split() == ["ID", "AT", "ACTOR", "ACTION", "SUBJECT", "WHY"]
+    assert "submit_job" in trail[1] and "resolve_target" in trail[-1]
+    as_json = json.loads(pgd("jobs", "show", str(job["id"]), "--json").stdout)
+    assert as_json["resolution"]["note"] == "checked: not deployed"
+    assert [e["action"] for e in as_json["audit"]][-1] == "resolve_target"
+    events = json.loads(pgd("audit", "list", "--job", str(job["id"]), "--json").stdout)
+    assert set(events) == {"events", "next"} and events["events"][0]["action"] == "resolve_target"
+    assert {e["id"] for e in events["events"]} == {e["id"] for e in as_json["audit"]}
+
+    runners = pgd("runners", "list").stdout.splitlines()
+    assert "lost" in next(line for line in runners if "r-lost" in line)
+    assert "stopped" in next(line for line in runners if "r-done" in line)
+    listed = json.loads(pgd("runners", "list", "--json").stdout)["runners"]
+    assert {r["name"]: r["stop_reason"] for r in listed} == {"r-lost": "lost", "r-done": "stopped"}
+    for command, key in (("projects", "projects"), ("pools", "pools"), ("targets", "targets")):
+        assert list(json.loads(pgd(command, "list", "--json").stdout)) == [key]
+
+    overview = pgd("overview").stdout
+    assert overview.startswith("waiting: 1 job(s)") and "approval_required" in overview
+    oldest = overview.split("oldest waiting (per pool and primary reason):\n", 1)[1].splitlines()
+    assert oldest[0].split() == ["POOL", "REASON", "WAITING", "SINCE"]
+    assert oldest[1].split()[:2] == ["linux", "approval_required"]
+    assert "uncertain targets: none" in overview and "paused projects: none" in overview
+    o = json.loads(pgd("overview", "--json").stdout)
+    assert o["waiting"] == 1 and o["primary_counts"]["approval_required"] == 1
+    assert o["oldest_waiting"][0]["reason"] == "approval_required" and o["oldest_waiting"][0]["seconds"] >= 0
+    why = pgd("jobs", "list", "--reason", "approval_required").stdout.splitlines()
+    assert why[0].split()[-3:] == ["WAITING", "SINCE", "WHY"] and why[1].split()[0] == str(gated["id"])
+    # how long it has waited, and since when
+    assert re.search(r" \d+ s +\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ +approval_required", why[1]), why[1]
+
+def test_a_window_keeps_its_upper_bound_and_bad_numbers_exit_2(pgd, world):
+    ids = [world.job()["id"] for _ in range(6)]
+    page = pgd("jobs", "list", "--after", str(ids[0]), "--before", str(ids[5]), "--limit", "2", "--json")
+    assert [j["id"] for j in json.loads(page.stdout)["jobs"]] == ids[1:3]
+    assert page.stderr == f"more: --after {ids[2]} --before {ids[5]}\n"
+    for args in (("jobs", "list", "--limit", "1_0"), ("jobs", "list", "--limit", "١٠"),
+                 ("jobs", "list", "--older-than", "1_000"), ("jobs", "show", "١"),
+                 ("audit", "list", "--job", "424242"), ("jobs", "list", "--organization", "x" * 5000)):
+        bad = pgd(*args, check=False)
+        assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, (args, bad.stderr)
+        assert len(bad.stderr) < 200 and bad.stdout == "", (args, bad.stderr)

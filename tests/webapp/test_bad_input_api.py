@@ -20,7 +20,6 @@ import urllib.request
 
 import pytest
 
-from pgdispatch.sql import transitions
 from pgdispatch.sql.accounts import create_api_token
 from pgdispatch.webapp.openapi import SPEC
 
@@ -269,6 +268,8 @@ PATHS = [
     ("GET", "/api/v1/jobs?runner=" + "9" * 5000), ("GET", "/api/v1/jobs?older_than=1e400"),
     ("GET", "/api/v1/projects/%00"), ("GET", f"/api/v1/runners/{2**64}"),
     ("GET", "/api/v1/audit?actor=%00"), ("GET", "/api/v1/audit?before_id=0"),
+    ("GET", "/api/v1/audit?job=424242"), ("GET", "/api/v1/overview?colour=red"),
+    ("GET", "/api/v1/projects?colour=red"), ("GET", "/api/v1/jobs/1?verbose=1"),
 ]
 
 
@@ -285,7 +286,8 @@ def test_the_walk_meets_only_documented_statuses(call, world, stage):
                   ("GET", "/api/v1/projects/web"), ("GET", "/api/v1/pools"),
                   ("GET", "/api/v1/pools/deploy"), ("GET", "/api/v1/targets"),
                   ("GET", "/api/v1/targets/production"), ("GET", "/api/v1/runners"),
-                  ("GET", "/api/v1/runners/1"), ("GET", "/api/v1/audit")]
+                  ("GET", "/api/v1/runners/1"), ("GET", "/api/v1/audit"),
+                  ("GET", "/api/v1/overview")]
     assert {operation_of(m, p)["operationId"] for m, p in operations} == {
         op["operationId"] for ops in SPEC["paths"].values() for op in ops.values()}
     before = state(world.conn)
@@ -315,6 +317,7 @@ def test_the_walk_meets_only_documented_statuses(call, world, stage):
     assert {401, 403, 400, 413, 415} <= set().union(*seen.values()), seen
     assert 404 in seen["getJob"] and 404 in seen["pauseProject"], seen
     assert 404 in seen["listJobs"] and 422 in seen["listJobs"] and 422 in seen["listAuditEvents"], seen
+    assert 404 in seen["listAuditEvents"] and 422 in seen["getOverview"] and 422 in seen["getJob"], seen
 
 
 # --- a real `pgdispatch web`: gunicorn reads the request head before Flask ----------------

@@ -93,3 +93,38 @@ def test_bad_filters_are_a_clear_4xx_page(operator, world, query, message):
     response = operator.get(f"/jobs/?{query}")
     assert response.status_code == 422
     assert message in response.get_data(as_text=True)
+
+
+def test_last_error_only_where_it_says_something_now(operator, world):
+    """A failed attempt's error shows while the job waits for its retry and once it failed
+    for good, never beside the retry that runs now (or that succeeded)."""
+    world.setup(pools=("linux",))
+    runner = world.runner(slots=2)
+    job = world.job(max_attempts=3)["id"]
+
+    def cell():
+        html = operator.get("/jobs/").get_data(as_text=True)
+        return html.split(f'id="jobs-row-{job}"', 1)[1].split("</tr>", 1)[0]
+
+    first = world.claim(runner)
+    world.complete(first, outcome="failed", error="disk full on build-7", backoff_base_seconds=0,
+                   backoff_cap_seconds=0)
+    assert "before the retry:" in cell() and "disk full on build-7" in cell()
+    second = world.claim(runner)
+    assert second is not None and second.job_id == job
+    assert "disk full" not in cell()
+    world.complete(second, outcome="failed", error="disk full again", backoff_base_seconds=0,
+                   backoff_cap_seconds=0)
+    world.complete(world.claim(runner), outcome="failed", error="third time",
+                   backoff_base_seconds=0, backoff_cap_seconds=0)
+    assert world.row("jobs", job)["state"] == "failed"
+    assert "third time" in cell() and "before the retry" not in cell()
+
+
+def test_numbers_in_the_url_are_ascii_digits(operator, world):
+    world.setup()
+    for query in ("older_than=1_000", "older_than=%D9%A1%D9%A0", "runner=%D9%A1", "limit=1_0",
+                  "before_id=" + "9" * 5000, "older_than=" + "1" * 5000):
+        response = operator.get(f"/jobs/?{query}")
+        assert response.status_code == 422, query
+        assert "1" * 100 not in response.get_data(as_text=True), query

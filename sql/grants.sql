@@ -43,7 +43,7 @@ GRANT SELECT (id, user_id, name, created_at, last_used_at, revoked_at, expires_a
 -- the running counts the lists show (plain SQL functions over capacity_stripes and jobs,
 -- inlined into the reads)
 GRANT EXECUTE ON FUNCTION pgd_organization_running, pgd_pool_running, pgd_project_running,
-                          pgd_waiting_since
+                          pgd_waiting_since, pgd_job_list_match
     TO pgdispatch_reader, pgdispatch_web;
 -- which pools a runner host's login is granted, for the runners page and jobs explain (plain
 -- SQL functions over runner_grants and pg_roles: they reveal no secret)

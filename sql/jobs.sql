@@ -180,106 +180,42 @@ SELECT (SELECT id FROM organizations WHERE name = :organization) AS organization
 SELECT now() AS now, set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode;
 
 -- name: list_jobs
--- Jobs of every state, filtered, keyset-paginated by id: with :after_id NULL the newest
--- below :before_id, newest first; else the oldest above :after_id (and below :before_id),
--- oldest first. Each branch scans jobs_pkey in its own order and stops at :limit matches; a
--- one-time filter skips the other branch. The page's ids first, then their names, latest
--- attempt and runner for those rows only. Planned with its values (begin_job_list).
--- Read-only.
+-- Jobs filtered (pgd_job_list_match, sql/functions/lists.sql), keyset-paginated by id: with
+-- :after_id NULL the newest below :before_id, newest first; else the oldest above :after_id
+-- (and below :before_id), oldest first. Of every state (:state NULL: jobs_pkey in the page's
+-- order) or of one (one range of jobs_state_idx (state, id), backward for the newest, forward
+-- after :after_id; the state is matched as a range for the reason list_recent_jobs_in_state
+-- gives: only then is jobs_state_idx the index that yields the order). Each branch stops at
+-- :limit matches and one-time filters on the parameters skip the three others; the holders of
+-- a capacity (state running and an organization, project, pool, target or runner) are one
+-- range as long as the running jobs. The page's ids first, then their names, latest attempt
+-- and runner for those rows only. Planned with its values (begin_job_list). Read-only.
 WITH page AS (
     (SELECT j.id FROM jobs j
-      WHERE CAST(:after_id AS bigint) IS NULL AND j.id < :before_id
-        AND (CAST(:project_id AS bigint) IS NULL OR j.project_id = :project_id)
-        AND (CAST(:organization_id AS bigint) IS NULL
-             OR j.project_id IN (SELECT p.id FROM projects p WHERE p.organization_id = :organization_id))
-        AND (CAST(:pool_id AS bigint) IS NULL OR j.pool_id = :pool_id)
-        AND (CAST(:target_id AS bigint) IS NULL OR j.target_id = :target_id)
-        AND (CAST(:runner_id AS bigint) IS NULL
-             OR (SELECT a.runner_id FROM attempts a WHERE a.job_id = j.id
-                  ORDER BY a.attempt_no DESC LIMIT 1) = :runner_id)
-        AND (CAST(:older_than_seconds AS float8) IS NULL
-             OR j.created_at <= now() - make_interval(secs => :older_than_seconds))
-        AND (CAST(:younger_than_seconds AS float8) IS NULL
-             OR j.created_at > now() - make_interval(secs => :younger_than_seconds))
+      WHERE CAST(:state AS text) IS NULL AND CAST(:after_id AS bigint) IS NULL
+        AND j.id < :before_id
+        AND pgd_job_list_match(j, :project_id, :organization_id, :pool_id, :target_id,
+                               :runner_id, :older_than_seconds, :younger_than_seconds)
       ORDER BY j.id DESC LIMIT :limit)
     UNION ALL
     (SELECT j.id FROM jobs j
-      WHERE j.id > :after_id AND j.id < :before_id
-        AND (CAST(:project_id AS bigint) IS NULL OR j.project_id = :project_id)
-        AND (CAST(:organization_id AS bigint) IS NULL
-             OR j.project_id IN (SELECT p.id FROM projects p WHERE p.organization_id = :organization_id))
-        AND (CAST(:pool_id AS bigint) IS NULL OR j.pool_id = :pool_id)
-        AND (CAST(:target_id AS bigint) IS NULL OR j.target_id = :target_id)
-        AND (CAST(:runner_id AS bigint) IS NULL
-             OR (SELECT a.runner_id FROM attempts a WHERE a.job_id = j.id
-                  ORDER BY a.attempt_no DESC LIMIT 1) = :runner_id)
-        AND (CAST(:older_than_seconds AS float8) IS NULL
-             OR j.created_at <= now() - make_interval(secs => :older_than_seconds))
-        AND (CAST(:younger_than_seconds AS float8) IS NULL
-             OR j.created_at > now() - make_interval(secs => :younger_than_seconds))
+      WHERE CAST(:state AS text) IS NULL AND j.id > :after_id AND j.id < :before_id
+        AND pgd_job_list_match(j, :project_id, :organization_id, :pool_id, :target_id,
+                               :runner_id, :older_than_seconds, :younger_than_seconds)
       ORDER BY j.id LIMIT :limit)
-)
-SELECT j.id, j.state, j.priority, j.command, j.project_id, j.pool_id, j.target_id,
-       p.name AS project, o.name AS organization, q.name AS pool, t.name AS target,
-       j.created_at, j.ready_at, j.started_at, j.finished_at, j.last_error, j.submitted_by,
-       j.requires_approval, j.approved_at, j.max_attempts,
-       a.attempt_no, a.runner_id, r.name AS runner, a.claimed_at,
-       -- never negative: a read inside the transaction that made the row has an older now()
-       greatest(extract(epoch FROM now() - j.created_at), 0)::float8 AS age_seconds,
-       CASE WHEN j.state = 'running'
-            THEN greatest(extract(epoch FROM now() - a.claimed_at), 0)::float8 END AS running_seconds,
-       extract(epoch FROM j.finished_at - j.started_at)::float8 AS duration_seconds
-  FROM page
-  JOIN jobs j ON j.id = page.id
-  JOIN projects p ON p.id = j.project_id
-  JOIN organizations o ON o.id = p.organization_id
-  JOIN pools q ON q.id = j.pool_id
-  LEFT JOIN targets t ON t.id = j.target_id
-  -- the latest attempt: the running one of a running job (attempt numbers only grow)
-  LEFT JOIN LATERAL (SELECT x.attempt_no, x.runner_id, x.claimed_at FROM attempts x
-                      WHERE x.job_id = j.id ORDER BY x.attempt_no DESC LIMIT 1) a ON true
-  LEFT JOIN runners r ON r.id = a.runner_id
- ORDER BY CASE WHEN CAST(:after_id AS bigint) IS NULL THEN -j.id ELSE j.id END;
-
--- name: list_jobs_in_state
--- list_jobs for one state: each branch one range of jobs_state_idx (state, id), backward for
--- the newest, forward after :after_id. The state is matched as a range for the reason
--- list_recent_jobs_in_state gives (only then is jobs_state_idx the index that yields the
--- order). The holders of a capacity (state running and an organization, project, pool,
--- target or runner) are one range as long as the running jobs. Read-only.
-WITH page AS (
+    UNION ALL
     (SELECT j.id FROM jobs j
       WHERE CAST(:after_id AS bigint) IS NULL
         AND j.state >= :state AND j.state <= :state AND j.id < :before_id
-        AND (CAST(:project_id AS bigint) IS NULL OR j.project_id = :project_id)
-        AND (CAST(:organization_id AS bigint) IS NULL
-             OR j.project_id IN (SELECT p.id FROM projects p WHERE p.organization_id = :organization_id))
-        AND (CAST(:pool_id AS bigint) IS NULL OR j.pool_id = :pool_id)
-        AND (CAST(:target_id AS bigint) IS NULL OR j.target_id = :target_id)
-        AND (CAST(:runner_id AS bigint) IS NULL
-             OR (SELECT a.runner_id FROM attempts a WHERE a.job_id = j.id
-                  ORDER BY a.attempt_no DESC LIMIT 1) = :runner_id)
-        AND (CAST(:older_than_seconds AS float8) IS NULL
-             OR j.created_at <= now() - make_interval(secs => :older_than_seconds))
-        AND (CAST(:younger_than_seconds AS float8) IS NULL
-             OR j.created_at > now() - make_interval(secs => :younger_than_seconds))
+        AND pgd_job_list_match(j, :project_id, :organization_id, :pool_id, :target_id,
+                               :runner_id, :older_than_seconds, :younger_than_seconds)
       ORDER BY j.state DESC, j.id DESC LIMIT :limit)
     UNION ALL
     (SELECT j.id FROM jobs j
       WHERE j.state >= :state AND j.state <= :state
         AND j.id > :after_id AND j.id < :before_id
-        AND (CAST(:project_id AS bigint) IS NULL OR j.project_id = :project_id)
-        AND (CAST(:organization_id AS bigint) IS NULL
-             OR j.project_id IN (SELECT p.id FROM projects p WHERE p.organization_id = :organization_id))
-        AND (CAST(:pool_id AS bigint) IS NULL OR j.pool_id = :pool_id)
-        AND (CAST(:target_id AS bigint) IS NULL OR j.target_id = :target_id)
-        AND (CAST(:runner_id AS bigint) IS NULL
-             OR (SELECT a.runner_id FROM attempts a WHERE a.job_id = j.id
-                  ORDER BY a.attempt_no DESC LIMIT 1) = :runner_id)
-        AND (CAST(:older_than_seconds AS float8) IS NULL
-             OR j.created_at <= now() - make_interval(secs => :older_than_seconds))
-        AND (CAST(:younger_than_seconds AS float8) IS NULL
-             OR j.created_at > now() - make_interval(secs => :younger_than_seconds))
+        AND pgd_job_list_match(j, :project_id, :organization_id, :pool_id, :target_id,
+                               :runner_id, :older_than_seconds, :younger_than_seconds)
       ORDER BY j.state, j.id LIMIT :limit)
 )
 SELECT j.id, j.state, j.priority, j.command, j.project_id, j.pool_id, j.target_id,

@@ -388,10 +388,7 @@ def list_jobs(conn, *, state: str | None = None, organization: str | None = None
                   older_than_seconds=older_than_seconds, younger_than_seconds=younger_than_seconds,
                   before_id=before_id or MAX_BIGINT, after_id=after_id, limit=limit)
     now = Q.begin_job_list(conn)["now"]
-    if state is None:
-        rows = list(Q.list_jobs(conn, **params))
-    else:
-        rows = list(Q.list_jobs_in_state(conn, state=state, **params))
+    rows = list(Q.list_jobs(conn, state=state, **params))
     forward = after_id is not None
     more = len(rows) == limit
     return {"jobs": rows, "order": "oldest_first" if forward else "newest_first",

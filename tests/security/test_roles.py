@@ -136,7 +136,8 @@ def test_an_over_privileged_scheduler_is_caught(world, db_url, logins):
 # plain SQL functions the reads inline (sql/grants.sql): they run as the caller, read only
 PLAIN_READ_HELPERS = ("pgd_organization_running", "pgd_pool_running", "pgd_project_running",
                       "pgd_runner_login_pools", "pgd_login_is_unbound", "pgd_login_may_run",
-                      "pgd_waiting_since", "pgd_live_runner_pools", "pgd_runner_is_live")
+                      "pgd_waiting_since", "pgd_live_runner_pools", "pgd_runner_is_live",
+                      "pgd_job_list_match")
 
 
 def test_nobody_logs_in_as_the_owner_and_group_roles_cannot_log_in(conn):

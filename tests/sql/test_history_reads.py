@@ -136,7 +136,7 @@ def test_job_lists_in_one_state_read_ranges_of_the_state_index(conn, history):
     with conn.transaction():
         reads.list_jobs(conn, state="failed", limit=1)
         assert conn.execute("SHOW plan_cache_mode").fetchone()["plan_cache_mode"] == "force_custom_plan"
-    sql = statement("list_jobs_in_state")
+    sql = statement("list_jobs")
     names = list(dict.fromkeys(re.findall(r"(?<!:):(\w+)", sql)))
     types = {"state": "text", "older_than_seconds": "float8", "younger_than_seconds": "float8"}
     for i, name in enumerate(names, 1):

@@ -132,10 +132,13 @@ def render(name: str, history: dict[str, Any]) -> bytes:
     else:
         raise KeyError(name)
     values = [v for serie in chart.raw_series for v in serie[0] if v is not None]
-    if values:  # an empty chart says "no history yet" (pygal draws no axis for it)
+    if values:
         _y_labels(chart, max(values) if name not in ("depth", "running")
                   else _stacked_top(chart),
                   _SECOND_STEPS if name in ("wait", "oldest") else _COUNT_STEPS)
+    else:  # an empty chart says "no history yet", on no axis of pygal's own guessing
+        chart.show_y_labels = False
+        chart.show_y_guides = False
     return _without_scripts(chart)
 
 

@@ -696,7 +696,7 @@ def pools_list(obj: Context, as_json: bool) -> None:
         emit({"pools": rows})
         return
     table(rows, [("POOL", lambda q: q["name"]),
-                 ("POOL SLOTS", lambda q: f"{q['running']} of {q['slots']} held"),
+                 ("POOL SLOTS", lambda q: f"{q['running']} of {q['slots']} taken"),
                  ("RUNNER SLOTS", lambda q: f"{q['runner_slots'] - q['free_runner_slots']} of "
                                             f"{q['runner_slots']} busy" if q["runner_slots"]
                   else "no live runner")], empty="no pools")
@@ -715,7 +715,7 @@ def pools_show(obj: Context, name: str, as_json: bool) -> None:
     if as_json:
         emit(q)
         return
-    fields([("pool", q["name"]), ("pool slots", f"{q['running']} of {q['slots']} held"),
+    fields([("pool", q["name"]), ("pool slots", f"{q['running']} of {q['slots']} taken"),
             ("runner slots", f"{q['runner_slots'] - q['free_runner_slots']} of {q['runner_slots']} busy, "
                              f"on {len(q['runners'])} live runner(s)" if q["runner_slots"]
              else "no live runner serves it")])
@@ -846,7 +846,7 @@ def overview_cmd(obj: Context, as_json: bool) -> None:
         return
     age = o["summary_age_seconds"]
     click.echo(f"waiting: {o['waiting']} job(s)" + (
-        f" (blocked summary from {_seconds(age)} ago)" if age is not None
+        f" (queue summary refreshed {_seconds(age)} ago)" if age is not None
         else " (no summary yet: is a scheduler running?)"))
     counted = [c for c in o["reason_counts"] if o["reason_counts"][c] or o["primary_counts"][c]]
     if counted:
@@ -874,7 +874,7 @@ def overview_cmd(obj: Context, as_json: bool) -> None:
                           ("PAUSED", lambda p: "yes" if p["paused"] else "no")], empty="no projects")
     click.echo("")
     table(o["pools"], [("POOL", lambda q: q["name"]),
-                       ("POOL SLOTS", lambda q: f"{q['running']} of {q['slots']} held"),
+                       ("POOL SLOTS", lambda q: f"{q['running']} of {q['slots']} taken"),
                        ("RUNNER SLOTS", lambda q: f"{q['runner_slots'] - q['free_runner_slots']} of "
                                                   f"{q['runner_slots']} busy" if q["runner_slots"]
                         else "no live runner"),

@@ -68,7 +68,7 @@ def test_projects_pools_targets_runners_and_audit(pgd, world, conn):
     assert f"\n{running['id']} " in web  # the holder, in the running jobs
     assert json.loads(pgd("projects", "show", "web", "--json").stdout)["running_jobs"][0]["id"] == running["id"]
     pools = pgd("pools", "list").stdout
-    assert "1 of 8 held" in pools and "1 of 3 busy" in pools and "no live runner" in pools
+    assert "1 of 8 taken" in pools and "1 of 3 busy" in pools and "no live runner" in pools
     linux = json.loads(pgd("pools", "show", "linux", "--json").stdout)
     assert (linux["slots"], linux["running"], linux["runner_slots"], linux["free_runner_slots"]) == (8, 1, 3, 2)
     assert [r["name"] for r in linux["runners"]] == ["r-look"]

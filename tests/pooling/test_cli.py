@@ -45,6 +45,15 @@ def test_every_database_command_works_through_the_pooler(world, db_url, pgbounce
     assert [e["job_id"] for e in json.loads(ok("expire", "--json"))] == [deployment["id"]]
     assert "resolved (failed)" in ok("targets", "resolve", "production", "--outcome", "failed",
                                      "--note", "checked: not deployed")
+    # the looks of issue 19 (reads.list_jobs, overview, the shows and their audit trails)
+    for args in (("overview",), ("projects", "list"), ("projects", "show", "web"), ("pools", "list"),
+                 ("pools", "show", "linux"), ("targets", "list"), ("targets", "show", "production"),
+                 ("runners", "list"), ("runners", "show", str(runner)),
+                 ("jobs", "list", "--state", "running", "--pool", "deploy"),
+                 ("jobs", "list", "--reason", "no_authorized_runner")):
+        assert json.loads(ok(*args, "--json")), args
+    trail = json.loads(ok("audit", "list", "--job", str(deployment["id"]), "--json"))["events"]
+    assert "resolve_target" in {e["action"] for e in trail}, trail
     assert ok("tokens", "create", "--user", "alice").startswith("pgd_")
     assert "applied 0 migration(s)" in ok("db", "upgrade")
     assert world.conn.execute("SELECT count(*) AS n FROM audit_events WHERE actor = %s",

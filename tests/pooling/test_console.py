@@ -23,7 +23,15 @@ from ..webapp.support import ensure_account, make_uncertain_target
 ROUNDS = 4
 PAGES = ("/", "/queue/", "/projects/", "/targets/", "/jobs/", "/jobs/?state=failed",
          "/runners/", "/audit/", "/admin/", "/admin/limits", "/healthz", "/metrics",
-         "/api/v1/openapi.json")
+         "/api/v1/openapi.json",
+         # the looks of issue 19: charts, the queue's sort and any-reason filter, holders,
+         # folded runners, a job's trail
+         "/?span=day", "/charts/depth.svg", "/charts/wait.svg", "/queue/?sort=oldest",
+         "/queue/?reason=approval_required", "/jobs/?state=running&organization=acme",
+         "/runners/?show=stopped", "/audit/?job=1")
+API_LISTS = ("/api/v1/jobs", "/api/v1/jobs?state=running&pool=linux", "/api/v1/overview",
+             "/api/v1/projects", "/api/v1/pools", "/api/v1/targets", "/api/v1/runners",
+             "/api/v1/audit")
 FRAGMENTS = ("/", "/queue/", "/targets/", "/runners/")
 
 
@@ -61,6 +69,8 @@ def exercise(world, pooled_url: str, settings: Settings) -> tuple[list[str], dic
                 call(i, "GET", page)
             for page in FRAGMENTS:
                 call(i + 1, "GET", page, headers={"HX-Request": "true"})
+            for page in API_LISTS:
+                call(i, "GET", page, headers=api_headers)
             job = call(i, "POST", "/api/v1/jobs", (201,), headers=api_headers,
                        json={"project": "web", "pool": "linux", "command": ["make", "build"]})
             if job.status_code == 201:

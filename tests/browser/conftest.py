@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 
@@ -59,3 +60,13 @@ def context(browser):
     ctx.on("page", on_page)
     yield ctx
     ctx.close()
+
+
+def sign_in(page, base: str, username: str, password: str, path: str = "/") -> None:
+    """Open ``path`` (the console sends the browser to its sign-in form first), sign in as
+    ``username`` and wait until the browser is back on ``path`` (any query string)."""
+    page.goto(base + path)
+    page.fill("input[name=username]", username)
+    page.fill("input[name=password]", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(re.compile(re.escape(path.split("?")[0]) + r"(\?.*)?$"))

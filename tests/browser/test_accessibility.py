@@ -4,7 +4,6 @@ values labelled) and no page is wider than the phone's screen."""
 
 from __future__ import annotations
 
-import re
 
 from axe_playwright_python.sync_playwright import Axe
 from playwright.sync_api import expect
@@ -13,7 +12,7 @@ from pgdispatch.sql import transitions
 
 from tests.webapp.support import ensure_account
 
-from .conftest import SCREENSHOTS
+from .conftest import SCREENSHOTS, sign_in
 from .test_console import _populate
 
 ADMIN = ("ada", "ada-admin-password")
@@ -29,11 +28,7 @@ def _violations(axe: Axe, page) -> list[str]:
 
 
 def _sign_in(page, base: str) -> None:
-    page.goto(base + "/")
-    page.fill("input[name=username]", ADMIN[0])
-    page.fill("input[name=password]", ADMIN[1])
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/$"))
+    sign_in(page, base, ADMIN[0], ADMIN[1])
 
 
 def _pages(made: dict) -> list[str]:

@@ -10,7 +10,7 @@ from pgdispatch.sql import transitions
 
 from tests.webapp.support import ensure_account
 
-from .conftest import SCREENSHOTS
+from .conftest import SCREENSHOTS, sign_in
 
 PASSWORDS = {"alice": "alice-password", "victor": "victor-password"}
 
@@ -42,10 +42,7 @@ def _populate(world) -> dict:
 def _sign_in(page, base: str, username: str) -> None:
     page.goto(base + "/queue/")
     assert "/login" in page.url  # sent to sign in first
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", PASSWORDS[username])
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/queue/$"))
+    sign_in(page, base, username, PASSWORDS[username], "/queue/")
 
 
 def _shot(page, name: str) -> None:

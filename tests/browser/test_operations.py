@@ -11,18 +11,14 @@ from playwright.sync_api import expect
 from tests.e2e.test_scheduler_e2e import Schedulers, wait_until
 from tests.webapp.support import ensure_account, make_uncertain_target
 
-from .conftest import SCREENSHOTS
+from .conftest import SCREENSHOTS, sign_in
 
 PASSWORDS = {"alice": "alice-password", "ada": "ada-admin-password"}
 ROLES = {"alice": "operator", "ada": "admin"}
 
 
 def _sign_in(page, base: str, username: str, path: str = "/") -> None:
-    page.goto(base + "/login?next=" + path)
-    page.fill("input[name=username]", username)
-    page.fill("input[name=password]", PASSWORDS[username])
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(re.escape(path) + "$"))
+    sign_in(page, base, username, PASSWORDS[username], path)
 
 
 def _accounts(world, *names: str) -> None:

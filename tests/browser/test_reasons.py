@@ -15,7 +15,7 @@ from pgdispatch.sql import transitions
 
 from tests.webapp.support import ensure_account
 
-from .conftest import SCREENSHOTS
+from .conftest import SCREENSHOTS, sign_in
 
 PASSWORD = "alice-password"
 
@@ -60,11 +60,7 @@ def _middle_pixel(context, png: bytes) -> tuple[int, int, int]:
 
 
 def _sign_in(page, base: str) -> None:
-    page.goto(base + "/")
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(r"/$"))
+    sign_in(page, base, "alice", PASSWORD)
 
 
 def test_an_approval_behind_a_dependency_is_counted_and_filtered(live_server, context, world):

@@ -12,17 +12,13 @@ from pgdispatch.sql import transitions
 
 from tests.webapp.support import ensure_account, make_uncertain_target
 
-from .conftest import SCREENSHOTS
+from .conftest import SCREENSHOTS, sign_in
 
 PASSWORD = "alice-password"
 
 
 def _sign_in(page, base: str, path: str) -> None:
-    page.goto(base + path)
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(re.escape(path) + "$"))
+    sign_in(page, base, "alice", PASSWORD, path)
 
 
 def test_pages_refresh_by_themselves_and_keep_a_typed_reason(live_server, context, world):

@@ -10,15 +10,13 @@ from playwright.sync_api import expect
 
 from tests.webapp.support import ensure_account
 
+from .conftest import sign_in
+
 USER = ("alice", "alice-password")
 
 
 def _sign_in(page, base: str, path: str) -> None:
-    page.goto(base + path)
-    page.fill("input[name=username]", USER[0])
-    page.fill("input[name=password]", USER[1])
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(re.escape(path) + "$"))
+    sign_in(page, base, USER[0], USER[1], path)
 
 
 def _end_sessions(world) -> None:

@@ -12,17 +12,13 @@ from pgdispatch.sql import transitions
 
 from tests.webapp.support import ensure_account
 
-from .conftest import SCREENSHOTS
+from .conftest import SCREENSHOTS, sign_in
 
 PASSWORD = "alice-password"
 
 
 def _sign_in(page, base: str, path: str) -> None:
-    page.goto(base + path)
-    page.fill("input[name=username]", "alice")
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button[type=submit]")
-    page.wait_for_url(re.compile(re.escape(path.split("?")[0]) + r"(\?.*)?$"))
+    sign_in(page, base, "alice", PASSWORD, path)
 
 
 def test_waiting_since_reads_in_the_viewers_time_zone_with_utc_in_the_tooltip(live_server, browser, world):

@@ -45,6 +45,10 @@ GRANT SELECT (id, user_id, name, created_at, last_used_at, revoked_at, expires_a
 GRANT EXECUTE ON FUNCTION pgd_organization_running, pgd_pool_running, pgd_project_running,
                           pgd_waiting_since, pgd_job_list_match
     TO pgdispatch_reader, pgdispatch_web;
+-- the command as one text, the expression of the job search's index (sql/schema.sql): whoever
+-- writes a job row evaluates it to maintain the index, and a search rechecks rows with it; a
+-- pure function of its argument that reveals nothing
+GRANT EXECUTE ON FUNCTION pgd_command_text TO PUBLIC;
 -- which pools a runner host's login is granted, for the runners page and jobs explain (plain
 -- SQL functions over runner_grants and pg_roles: they reveal no secret)
 GRANT EXECUTE ON FUNCTION pgd_runner_login_pools, pgd_login_is_unbound, pgd_login_may_run,

@@ -240,6 +240,51 @@ SELECT j.id, j.state, j.priority, j.command, j.project_id, j.pool_id, j.target_i
   LEFT JOIN runners r ON r.id = a.runner_id
  ORDER BY CASE WHEN CAST(:after_id AS bigint) IS NULL THEN -j.id ELSE j.id END;
 
+-- name: search_jobs
+-- The job search (reads.search_jobs): job :job_id itself when asked for (first page only:
+-- :before_id NULL), then the jobs whose command, as one text (pgd_command_text, the
+-- expression of jobs_command_trgm_idx), matches the ILIKE :pattern, newest first below
+-- :before_id, at most :limit, with the filters project, submitter (submitted_by) and state,
+-- each NULL when not asked for. Planned with its values (begin_job_list), so that the planner
+-- weighs the trigram index against reading jobs_pkey backwards for a word that most
+-- commands contain. The same row as list_jobs gives, and "match": id or command. Read-only.
+WITH page AS (
+    (SELECT j.id, 'id' AS match FROM jobs j
+      WHERE j.id = :job_id AND CAST(:before_id AS bigint) IS NULL
+        AND (CAST(:project_id AS bigint) IS NULL OR j.project_id = :project_id)
+        AND (CAST(:submitter AS text) IS NULL OR j.submitted_by = :submitter)
+        AND (CAST(:state AS text) IS NULL OR j.state = :state))
+    UNION ALL
+    (SELECT j.id, 'command' FROM jobs j
+      WHERE CAST(:pattern AS text) IS NOT NULL
+        AND pgd_command_text(j.command) ILIKE :pattern
+        AND j.id < coalesce(CAST(:before_id AS bigint), 9223372036854775807)
+        AND j.id IS DISTINCT FROM CAST(:job_id AS bigint)
+        AND (CAST(:project_id AS bigint) IS NULL OR j.project_id = :project_id)
+        AND (CAST(:submitter AS text) IS NULL OR j.submitted_by = :submitter)
+        AND (CAST(:state AS text) IS NULL OR j.state = :state)
+      ORDER BY j.id DESC LIMIT :limit)
+)
+SELECT page.match, j.id, j.state, j.priority, j.command, j.project_id, j.pool_id, j.target_id,
+       p.name AS project, o.name AS organization, q.name AS pool, t.name AS target,
+       j.created_at, j.ready_at, j.started_at, j.finished_at, j.last_error, j.submitted_by,
+       j.requires_approval, j.approved_at, j.max_attempts,
+       a.attempt_no, a.runner_id, r.name AS runner, a.claimed_at,
+       greatest(extract(epoch FROM now() - j.created_at), 0)::float8 AS age_seconds,
+       CASE WHEN j.state = 'running'
+            THEN greatest(extract(epoch FROM now() - a.claimed_at), 0)::float8 END AS running_seconds,
+       extract(epoch FROM j.finished_at - j.started_at)::float8 AS duration_seconds
+  FROM page
+  JOIN jobs j ON j.id = page.id
+  JOIN projects p ON p.id = j.project_id
+  JOIN organizations o ON o.id = p.organization_id
+  JOIN pools q ON q.id = j.pool_id
+  LEFT JOIN targets t ON t.id = j.target_id
+  LEFT JOIN LATERAL (SELECT x.attempt_no, x.runner_id, x.claimed_at FROM attempts x
+                      WHERE x.job_id = j.id ORDER BY x.attempt_no DESC LIMIT 1) a ON true
+  LEFT JOIN runners r ON r.id = a.runner_id
+ ORDER BY page.match = 'command', j.id DESC;
+
 -- name: list_pending_dependencies_of_jobs
 -- The dependencies that have not succeeded yet of each of the jobs :job_ids (one read for a
 -- queue page: reads.list_waiting names them), by job then dependency id. Read-only.

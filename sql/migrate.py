@@ -231,6 +231,10 @@ def _clear_yoyo_lock(conn) -> None:
 _OURS = """
     SELECT p.oid::regprocedure::text AS what, p.xmin::text AS version FROM pg_proc p
      WHERE p.pronamespace = 'public'::regnamespace AND p.proname LIKE 'pgd%'
+       -- not an index expression's function (pgd_command_text): sql/schema.sql defines it
+       AND NOT EXISTS (SELECT 1 FROM pg_depend d
+                        WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_proc'::regclass
+                          AND d.refobjid = p.oid)
     UNION ALL
     SELECT format('trigger %s on %s', t.tgname, t.tgrelid::regclass), t.xmin::text
       FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid

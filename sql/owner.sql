@@ -14,6 +14,16 @@ BEGIN
     IF NOT has_schema_privilege('pgdispatch_owner', 'public', 'CREATE') THEN
         GRANT USAGE, CREATE ON SCHEMA public TO pgdispatch_owner;
     END IF;
+    -- Creating a trusted extension (pg_trgm: sql/schema.sql) and its schema needs CREATE on
+    -- the database. Granted by the same logins, when one runs this; a migrator that is
+    -- neither finds it granted by the first upgrade (or, on a database set up before, is told
+    -- by the migration's CREATE EXTENSION what is missing).
+    IF NOT has_database_privilege('pgdispatch_owner', current_database(), 'CREATE')
+       AND EXISTS (SELECT 1 FROM pg_database d, pg_roles r
+                    WHERE d.datname = current_database() AND r.rolname = current_user
+                      AND (r.rolsuper OR pg_has_role(current_user, d.datdba, 'MEMBER'))) THEN
+        EXECUTE format('GRANT CREATE ON DATABASE %I TO pgdispatch_owner', current_database());
+    END IF;
     FOR v IN
         SELECT format('ALTER %s %s OWNER TO pgdispatch_owner',
                       CASE c.relkind WHEN 'S' THEN 'SEQUENCE' WHEN 'v' THEN 'VIEW'

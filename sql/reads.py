@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
 # list_subject_events: the shows' audit trails
@@ -439,6 +440,91 @@ def _list_waiting_with_reason(conn, *, reason, state, organization, project, poo
     return {"jobs": out, "order": "oldest_first",
             "next": _following(cursor, forward=True, before_id=before_id)
                     if cursor is not None and out else None, "now": now}
+
+
+# --- the job search (`pgdispatch jobs search`, GET /api/v1/jobs/search, the console's box) -----
+
+# Trigrams (pg_trgm) need three characters: a shorter text matches through no index entry.
+SEARCH_MIN_CHARS = 3
+SEARCH_MAX_CHARS = 200
+_SEARCH_ID = re.compile(r"#?([0-9]{1,19})")
+
+
+def parse_search(q: object) -> tuple[int | None, str | None]:
+    """What a search text asks for: (job id, ILIKE pattern of the command text), either None.
+    ``#N`` is job N only; ``N`` (digits) is job N and the commands containing N (three
+    digits or more); any other text the commands containing it, case-insensitively, with
+    ``%``, ``_`` and backslash taken literally. Leading and trailing blanks are dropped.
+
+    Raises:
+        InvalidInput: not a string, blank, longer than SEARCH_MAX_CHARS, a control
+            character, or text (not an id) shorter than SEARCH_MIN_CHARS.
+    """
+    if not isinstance(q, str):
+        raise InvalidInput("search text must be a string")
+    text = q.strip()
+    if not text:
+        raise InvalidInput("search text is empty: give 3 characters or more of a command, or a job id (#N)")
+    if len(text) > SEARCH_MAX_CHARS:
+        raise InvalidInput(f"search text is longer than {SEARCH_MAX_CHARS} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        raise InvalidInput("search text must not contain control characters")
+    found = _SEARCH_ID.fullmatch(text)
+    if found and int(found.group(1)) <= MAX_BIGINT:
+        job_id = int(found.group(1))
+        if text.startswith("#") or len(text) < SEARCH_MIN_CHARS:
+            return job_id, None
+        return job_id, _contains(text)
+    if len(text) < SEARCH_MIN_CHARS:
+        raise InvalidInput(f"search text {_quoted(text)} is too short: give {SEARCH_MIN_CHARS} "
+                           "characters or more of a command (trigram search), or a job id (#N)")
+    return None, _contains(text)
+
+
+def _contains(text: str) -> str:
+    """The ILIKE pattern of commands containing ``text`` literally (backslash, the default
+    escape, before % and _)."""
+    return "%" + re.sub(r"([\\%_])", r"\\\1", text) + "%"
+
+
+@transition("search_jobs")
+def search_jobs(conn, *, q: str, project: str | None = None, submitter: str | None = None,
+                state: str | None = None, before_id: int | None = None,
+                limit: int = 50) -> dict[str, Any]:
+    """Find jobs: the read behind ``jobs search``, ``GET /api/v1/jobs/search`` and the
+    console's search box. ``q`` as parse_search reads it: ``#N`` is job N, digits are job N
+    and the commands containing them, other text (3 characters or more) the jobs whose command
+    (its words joined by spaces) contains it, case-insensitively (the trigram index
+    jobs_command_trgm_idx). Filters: ``project`` (name), ``submitter`` (submitted_by, exact),
+    ``state``. Newest first, keyset-paged by id: ``before_id`` from the previous page's
+    ``next``; the id match comes first, on the first page only.
+
+    Returns:
+        {"query": q stripped, "job_id": the id asked for or None, "jobs": [list_jobs row +
+        "match": "id" | "command"], "order": "newest_first", "next": {"before_id": id} or
+        None, "now": the database's time}.
+
+    Raises:
+        InvalidInput: the text (parse_search), a state, before_id or limit out of range,
+            a submitter longer than 200 characters or with control characters.
+        UnknownFilter (an InvalidInput): a project that does not exist.
+    """
+    job_id, pattern = parse_search(q)
+    _check_job_list_input(state=state, reason=None, runner_id=None, older_than_seconds=None,
+                          younger_than_seconds=None, before_id=before_id, after_id=None,
+                          limit=limit)
+    if submitter is not None and (not isinstance(submitter, str) or not 1 <= len(submitter) <= 200
+                                  or any(ord(c) < 32 or ord(c) == 127 for c in submitter)):
+        raise InvalidInput("submitter must be a name of 1 to 200 characters")
+    ids = _job_filter_ids(conn, organization=None, project=project, pool=None, target=None,
+                          runner_id=None)
+    now = Q.begin_job_list(conn)["now"]
+    rows = list(Q.search_jobs(conn, job_id=job_id, pattern=pattern, project_id=ids["project_id"],
+                              submitter=submitter, state=state, before_id=before_id, limit=limit))
+    commands = [r for r in rows if r["match"] == "command"]
+    return {"query": q.strip(), "job_id": job_id, "jobs": rows, "order": "newest_first",
+            "next": {"before_id": commands[-1]["id"]} if len(commands) == limit else None,
+            "now": now}
 
 
 # --- show one project, pool, target, runner (`pgdispatch … show`, /api/v1/…/{name}) --------

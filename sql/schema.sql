@@ -11,6 +11,12 @@
 -- tests/sql/test_schema.py fails when a database built by `pgdispatch db upgrade` (the
 -- migrations in sql/migrations/, then the function files) differs from this file.
 
+-- pg_trgm (trigram indexes: the job search's) in a schema of its own, so that public holds
+-- only what sql/ defines. A trusted extension: the owner creates it with CREATE on the
+-- database (sql/owner.sql grants it).
+CREATE SCHEMA IF NOT EXISTS pgdispatch_ext;
+CREATE EXTENSION IF NOT EXISTS pg_trgm WITH SCHEMA pgdispatch_ext;
+
 CREATE TABLE organizations (
     id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name        text NOT NULL UNIQUE CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$'),
@@ -207,6 +213,18 @@ CREATE UNIQUE INDEX jobs_idempotency_key_idx ON jobs (project_id, idempotency_ke
 -- Never two deployments on one target, enforced by the database itself.
 CREATE UNIQUE INDEX jobs_one_holder_per_target ON jobs (target_id)
     WHERE state IN ('running', 'uncertain') AND target_id IS NOT NULL;
+-- The job search (search_jobs, sql/jobs.sql): `pgd_command_text(command) ILIKE '%word%'` is a
+-- trigram search of this index. The command as one text, its words joined by spaces; an
+-- IMMUTABLE wrapper because array_to_string is only STABLE. It belongs to the schema, not to
+-- sql/functions/ (whose files are reloaded by every upgrade): a body replaced under the index
+-- would leave entries that no longer match it, so a change is a migration that rebuilds it.
+-- An expression index, not a generated column: the text is kept in the index only
+-- (docs/benchmarks.md, "Finding a job").
+CREATE FUNCTION pgd_command_text(p_command text[]) RETURNS text
+LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
+RETURN array_to_string(p_command, ' ');
+CREATE INDEX jobs_command_trgm_idx ON jobs
+    USING gin (pgd_command_text(command) pgdispatch_ext.gin_trgm_ops);
 
 ALTER TABLE targets ADD CONSTRAINT targets_holder_job_fk
     FOREIGN KEY (holder_job_id) REFERENCES jobs (id);

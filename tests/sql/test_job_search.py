@@ -1,0 +1,143 @@
+"""reads.search_jobs: find a job by its command text (trigram index), project, submitter,
+state and id — what matches, in what order, paging, the index it uses, and refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgdispatch.sql import InvalidInput, reads
+from pgdispatch.sql.errors import UnknownFilter
+
+
+@pytest.fixture
+def found(world):
+    """acme/web and globex/api; jobs with commands that share words, by two submitters."""
+    world.setup()
+    world.apply({"organizations": [{"name": "globex", "max_running": 3}]})
+    world.project("api", org="globex", pools=("linux",))
+    jobs = {
+        "web_build": world.job(command=["make", "build", "TARGET=web"], submitted_by="alice"),
+        "api_build": world.job(project="api", command=["make", "build", "TARGET=api"],
+                               submitted_by="bob"),
+        "release": world.job(command=["./release.sh", "--version", "4711"], submitted_by="alice"),
+        "percent": world.job(command=["echo", "100%_done"], submitted_by="bob"),
+        "deploy": world.job(command=["Deploy-Staging", "now"], submitted_by="alice"),
+    }
+    return {k: v["id"] for k, v in jobs.items()}
+
+
+def ids(page):
+    return [j["id"] for j in page["jobs"]]
+
+
+def test_text_matches_the_command_as_one_text_case_insensitively_newest_first(conn, found):
+    assert ids(reads.search_jobs(conn, q="make build")) == [found["api_build"], found["web_build"]]
+    # words joined by one space, any case, inside a word
+    assert ids(reads.search_jobs(conn, q="BUILD TARGET=w")) == [found["web_build"]]
+    assert ids(reads.search_jobs(conn, q="staging")) == [found["deploy"]]
+    assert ids(reads.search_jobs(conn, q="nothing like it")) == []
+    page = reads.search_jobs(conn, q="  make  ")
+    assert page["query"] == "make" and page["job_id"] is None and page["next"] is None
+    assert {j["match"] for j in page["jobs"]} == {"command"}
+    row = page["jobs"][0]
+    assert row["project"] == "api" and row["command"] == ["make", "build", "TARGET=api"]
+    assert row["submitted_by"] == "bob" and row["state"] == "queued"
+
+
+def test_percent_underscore_and_backslash_are_taken_literally(conn, found):
+    assert ids(reads.search_jobs(conn, q="100%_")) == [found["percent"]]
+    assert ids(reads.search_jobs(conn, q="0%_d")) == [found["percent"]]
+    # as a pattern, "%" and "_" would match every command
+    assert ids(reads.search_jobs(conn, q="e%_")) == []
+    assert ids(reads.search_jobs(conn, q="a\\_b")) == []
+
+
+def test_filters_project_submitter_state(conn, world, found):
+    assert ids(reads.search_jobs(conn, q="make", project="web")) == [found["web_build"]]
+    assert ids(reads.search_jobs(conn, q="make", submitter="bob")) == [found["api_build"]]
+    assert ids(reads.search_jobs(conn, q="make", submitter="carol")) == []
+    assert ids(reads.search_jobs(conn, q="make", state="running")) == []
+    runner = world.runner()
+    assert world.claim(runner).job_id == found["web_build"]
+    assert ids(reads.search_jobs(conn, q="make", state="running")) == [found["web_build"]]
+    with pytest.raises(UnknownFilter, match="unknown project 'nope'"):
+        reads.search_jobs(conn, q="make", project="nope")
+
+
+def test_an_id_goes_straight_to_the_job(conn, found):
+    page = reads.search_jobs(conn, q=f"#{found['release']}")
+    assert ids(page) == [found["release"]] and page["jobs"][0]["match"] == "id"
+    assert page["job_id"] == found["release"]
+    # short digits: the id only; an unknown id: nothing
+    assert ids(reads.search_jobs(conn, q=str(found["web_build"]))) == [found["web_build"]]
+    assert ids(reads.search_jobs(conn, q="#999999999")) == []
+    # an id's filters apply too
+    assert ids(reads.search_jobs(conn, q=f"#{found['release']}", project="api")) == []
+
+
+def test_digits_are_the_job_with_that_id_first_then_the_commands_containing_them(conn, world, found):
+    page = reads.search_jobs(conn, q="4711")
+    assert page["job_id"] == 4711 and ids(page) == [found["release"]]
+    assert page["jobs"][0]["match"] == "command"
+    # a job whose id is the digits and whose command holds them: listed once, as the id
+    job = world.job(command=["echo", str(found["release"] + 1) * 3])
+    digits = str(job["id"]) * 3
+    if len(digits) <= 19:
+        world.job(command=["echo", "again", digits])
+    page = reads.search_jobs(conn, q=str(job["id"]))
+    assert page["jobs"][0] == {**page["jobs"][0], "id": job["id"], "match": "id"}
+    assert ids(page).count(job["id"]) == 1
+
+
+def test_keyset_pages_newest_first_then_none(conn, world, found):
+    more = [world.job(command=["make", "test", str(i)])["id"] for i in range(5)]
+    every = ids(reads.search_jobs(conn, q="make", limit=500))
+    assert every == sorted(more + [found["web_build"], found["api_build"]], reverse=True)
+    first = reads.search_jobs(conn, q="make", limit=3)
+    assert ids(first) == every[:3] and first["next"] == {"before_id": every[2]}
+    second = reads.search_jobs(conn, q="make", limit=3, **first["next"])
+    assert ids(second) == every[3:6]
+    last = reads.search_jobs(conn, q="make", limit=3, **second["next"])
+    assert ids(last) == every[6:] and last["next"] is None
+    # the id match is on the first page only
+    assert ids(reads.search_jobs(conn, q=str(every[0]), before_id=every[0])) == []
+
+
+@pytest.mark.parametrize("q, message", [
+    ("", "empty"), ("   ", "empty"), ("ab", "too short"), ("#a", "too short"),
+    ("x" * 201, "longer than 200"), ("make\x00", "control"), ("a\nbc", "control"),
+    (17, "must be a string"), (None, "must be a string"),
+])
+def test_refused_texts(conn, found, q, message):
+    with pytest.raises(InvalidInput, match=message):
+        reads.search_jobs(conn, q=q)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"state": "done"}, "unknown state"), ({"limit": 0}, "limit"), ({"limit": 501}, "limit"),
+    ({"before_id": -1}, "before_id"), ({"before_id": True}, "before_id"),
+    ({"submitter": ""}, "submitter"), ({"submitter": "a\x00"}, "submitter"),
+    ({"submitter": "x" * 201}, "submitter"),
+])
+def test_refused_filters(conn, found, kw, message):
+    with pytest.raises(InvalidInput, match=message):
+        reads.search_jobs(conn, q="make", **kw)
+
+
+def test_a_rare_word_is_found_through_the_trigram_index(conn, world):
+    """With the planner's view of many commands without the word, the search reads
+    jobs_command_trgm_idx (a bitmap of the trigram entries), not every job."""
+    world.setup()
+    conn.execute("""INSERT INTO jobs (project_id, pool_id, state, command)
+                    SELECT p.id, q.id, 'queued', ARRAY['make', 'step-' || g]
+                      FROM projects p, pools q, generate_series(1, 5000) g
+                     WHERE p.name = 'web' AND q.name = 'linux'""")
+    needle = world.job(command=["run", "zqxjvw-once"])["id"]
+    conn.execute("ANALYZE jobs")
+    pattern = reads._contains("zqxjvw")
+    conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+    plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
+        "EXPLAIN SELECT id FROM jobs WHERE pgd_command_text(command) ILIKE %s "
+        "ORDER BY id DESC LIMIT 50", (pattern,)))
+    assert "jobs_command_trgm_idx" in plan, plan
+    assert ids(reads.search_jobs(conn, q="zqxjvw")) == [needle]

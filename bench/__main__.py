@@ -22,6 +22,8 @@ BENCHMARKS = {
     "costs": "bench.costs",
     "running": "bench.running",
     "claim-wal": "bench.claim_wal",
+    # the job search at a large history, its index size, its WAL per submit
+    "search": "bench.search",
     # every benchmark above once, at sizes that take seconds (make bench-smoke, make test)
     "smoke": "bench.smoke",
 }

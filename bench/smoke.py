@@ -64,6 +64,8 @@ def runs(out: Path) -> list[tuple[str, list[str], list[Path]]]:
          [out / "running.json"]),
         ("claim-wal", ["--claims", "20", "--batch", "5", "--repeats", "1",
                        "--out", str(out / "claim-wal.json")], [out / "claim-wal.json"]),
+        ("search", ["--jobs", "3000", "--runs", "2", "--submits", "20", "--repeats", "1",
+                    "--out", str(out / "search.json")], [out / "search.json"]),
         ("all", ["--clients", "1", "--repeats", "1", "--jobs", "20", "--warmup", "20",
                  "--tpcb-seconds", "1", "--tpcb-scale", "1", "--history", "100",
                  "--queued-sizes", "50", "--latency-claims", "5", "--timeout-seconds", "120",

@@ -460,6 +460,38 @@ def jobs_list(obj: Context, state: str | None, organization: str | None, project
                                        for name, value in page["next"].items()), err=True)
 
 
+@jobs.command("search")
+@click.argument("text")
+@click.option("--project", default=None, help="Only this project's jobs.")
+@click.option("--submitter", default=None, help="Only jobs submitted by this user or login.")
+@click.option("--state", type=click.Choice(JOB_STATES), default=None, help="Only jobs in this state.")
+@click.option("--limit", type=IntRange(1, 500), default=20, show_default=True)
+@click.option("--before", "--before-id", "before_id", type=IntRange(1, MAX_BIGINT), default=None,
+              metavar="ID", help="Only jobs with a smaller id (the next page: the last id shown).")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print the page as GET /api/v1/jobs/search answers it: {"query", "job_id", '
+                   '"jobs", "order", "next"}.')
+@click.pass_obj
+def jobs_search(obj: Context, text: str, project: str | None, submitter: str | None,
+                state: str | None, limit: int, before_id: int | None, as_json: bool) -> None:
+    """Find jobs by TEXT: #ID is that job; digits are the job with that id, then the jobs
+    whose command contains them; other text (3 characters or more) the jobs whose command
+    contains it, any case, newest first. When more may match, the next page's option is said
+    on stderr (with --json too)."""
+    from pgdispatch.sql import reads
+
+    with obj.connect() as conn:
+        page = reads.search_jobs(conn, q=text, project=project, submitter=submitter, state=state,
+                                 before_id=before_id, limit=limit)
+    if as_json:
+        emit({k: page[k] for k in ("query", "job_id", "jobs", "order", "next")})
+    else:
+        table(page["jobs"], JOB_COLUMNS + [("SUBMITTED BY", lambda j: j["submitted_by"])],
+              empty=f"no job matches {_cut(page['query'], 60)!r}")
+    if page["next"]:
+        click.echo(f"more: --before {page['next']['before_id']}", err=True)
+
+
 @jobs.command("explain")
 @click.argument("job_id", type=WholeNumber())
 @click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")

@@ -13,7 +13,7 @@ from .errors import InvalidInput, NotFound, UnknownFilter
 from .explain import (REASON_CODES, WAITING_STATES, read_world, reasons_for,
                       summary_any_reason_counts, summary_oldest_waiting, summary_reason_counts)
 from .queries import Q
-from .validate import JOB_STATES
+from .validate import JOB_STATES, _check_encodable, check_text
 
 # the queue's orders (list_waiting): by id, or longest waiting first
 WAITING_SORTS = ("id", "oldest")
@@ -447,7 +447,7 @@ def _list_waiting_with_reason(conn, *, reason, state, organization, project, poo
 # Trigrams (pg_trgm) need three characters: a shorter text matches through no index entry.
 SEARCH_MIN_CHARS = 3
 SEARCH_MAX_CHARS = 200
-_SEARCH_ID = re.compile(r"#?([0-9]{1,19})")
+_SEARCH_ID = re.compile(r"#?([0-9]+)")
 
 
 def parse_search(q: object) -> tuple[int | None, str | None]:
@@ -457,11 +457,13 @@ def parse_search(q: object) -> tuple[int | None, str | None]:
     ``%``, ``_`` and backslash taken literally. Leading and trailing blanks are dropped.
 
     Raises:
-        InvalidInput: not a string, blank, longer than SEARCH_MAX_CHARS, a control
-            character, or text (not an id) shorter than SEARCH_MIN_CHARS.
+        InvalidInput: not a string, not UTF-8, blank, longer than SEARCH_MAX_CHARS, a
+            control character, ``#N`` with N out of 1…2**63-1, or text (not an id) shorter
+            than SEARCH_MIN_CHARS.
     """
     if not isinstance(q, str):
-        raise InvalidInput("search text must be a string")
+        raise InvalidInput("search text must be text")
+    _check_encodable("search text", q)
     text = q.strip()
     if not text:
         raise InvalidInput("search text is empty: give 3 characters or more of a command, or a job id (#N)")
@@ -470,6 +472,8 @@ def parse_search(q: object) -> tuple[int | None, str | None]:
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
         raise InvalidInput("search text must not contain control characters")
     found = _SEARCH_ID.fullmatch(text)
+    if found and text.startswith("#") and not 1 <= int(found.group(1)) <= MAX_BIGINT:
+        raise InvalidInput(f"job id must be between 1 and {MAX_BIGINT}")
     if found and int(found.group(1)) <= MAX_BIGINT:
         job_id = int(found.group(1))
         if text.startswith("#") or len(text) < SEARCH_MIN_CHARS:
@@ -506,16 +510,19 @@ def search_jobs(conn, *, q: str, project: str | None = None, submitter: str | No
 
     Raises:
         InvalidInput: the text (parse_search), a state, before_id or limit out of range,
-            a submitter longer than 200 characters or with control characters.
+            a submitter or project name empty, longer than 200 characters, not UTF-8 or with
+            control characters.
         UnknownFilter (an InvalidInput): a project that does not exist.
     """
     job_id, pattern = parse_search(q)
     _check_job_list_input(state=state, reason=None, runner_id=None, older_than_seconds=None,
                           younger_than_seconds=None, before_id=before_id, after_id=None,
                           limit=limit)
-    if submitter is not None and (not isinstance(submitter, str) or not 1 <= len(submitter) <= 200
-                                  or any(ord(c) < 32 or ord(c) == 127 for c in submitter)):
-        raise InvalidInput("submitter must be a name of 1 to 200 characters")
+    for kind, name in (("submitter", submitter), ("project", project)):
+        if name is not None:
+            check_text(kind, name, max_len=200)
+            if any(ord(c) < 32 or ord(c) == 127 for c in name):
+                raise InvalidInput(f"{kind} must not contain control characters")
     ids = _job_filter_ids(conn, organization=None, project=project, pool=None, target=None,
                           runner_id=None)
     now = Q.begin_job_list(conn)["now"]

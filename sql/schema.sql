@@ -225,6 +225,12 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN array_to_string(p_command, ' ');
 CREATE INDEX jobs_command_trgm_idx ON jobs
     USING gin (pgd_command_text(command) pgdispatch_ext.gin_trgm_ops);
+-- A search narrowed to one project or one submitter reads that one's jobs newest first (or
+-- ANDs their bitmap with the trigram one) instead of every job whose command has the word
+-- (docs/benchmarks.md, "Finding a job": without them a rare submitter with a common word
+-- read the whole history).
+CREATE INDEX jobs_project_idx ON jobs (project_id, id);
+CREATE INDEX jobs_submitter_idx ON jobs (submitted_by, id);
 
 ALTER TABLE targets ADD CONSTRAINT targets_holder_job_fk
     FOREIGN KEY (holder_job_id) REFERENCES jobs (id);

@@ -299,6 +299,25 @@ def list_jobs():
                     "next_url": _next_url("api.list_jobs", query, page["next"])})
 
 
+@bp.get("/jobs/search")
+def search_jobs():
+    """Jobs found by command text, project, submitter, state or id (reads.search_jobs),
+    newest first, keyset-paged by id; a project that does not exist is 404."""
+    query = query_values("searchJobs", request.args)
+    if "q" not in query:
+        raise InvalidInput("query parameter q is required: 3 characters or more of a command, "
+                           "or a job id (#N)")
+    try:
+        page = reads.search_jobs(
+            get_conn(), q=query["q"], project=query.get("project"),
+            submitter=query.get("submitter"), state=query.get("state"),
+            before_id=query.get("before_id"), limit=query.get("limit", 50))
+    except UnknownFilter as exc:
+        raise NotFound(str(exc)) from None
+    return jsonify({**{k: page[k] for k in ("query", "job_id", "jobs", "order", "next")},
+                    "next_url": _next_url("api.search_jobs", query, page["next"])})
+
+
 @bp.get("/overview")
 def overview():
     """What the console's overview says (reads.overview_report): waiting jobs by every reason

@@ -18,6 +18,8 @@ STATES = JOB_STATES
 TAIL_CHARS = 16384
 # the first events of a job's audit trail shown on its page (the audit log has them all)
 AUDIT_SHOWN = 200
+# the rows of one page of search results
+SEARCH_LIMIT = 50
 
 
 def _explain(job_id: int) -> dict:
@@ -120,6 +122,28 @@ def index():
                        now=page["now"], filters=active, before_id=before_id, after_id=after_id,
                        limit=limit if limit != 50 else None, states=STATES, choices=choices,
                        reason_codes=REASON_CODES, age_choices=AGE_CHOICES)
+
+
+@bp.get("/search")
+def search():
+    """Find jobs (reads.search_jobs): ``q`` (#N, digits or 3 characters or more of a
+    command), ``project``, ``submitter``, ``state``, ``before_id`` (the next page). ``#N``,
+    or digits that only job N matches, open job N; without ``q``, the empty form."""
+    q = request.args.get("q", "")
+    filters = {name: arg_text(name) for name in ("project", "submitter", "state")}
+    before_id = arg_int("before_id", 0, low=1) or None
+    page = None
+    if q.strip():
+        page = reads.search_jobs(get_conn(), q=q, before_id=before_id, limit=SEARCH_LIMIT,
+                                 **filters)
+        only = page["jobs"][0] if len(page["jobs"]) == 1 else None
+        if only is not None and only["match"] == "id" and before_id is None:
+            return redirect(url_for("jobs.detail", job_id=only["id"]))
+    active = {k: v for k, v in filters.items() if v is not None}
+    choices = reads.list_filter_choices(get_conn())
+    return render_view("jobs/search.html", "jobs/_search.html", q=q.strip(), found=page,
+                       jobs=page["jobs"] if page else [], filters=active, before_id=before_id,
+                       states=STATES, projects=choices["projects"])
 
 
 @bp.get("/<int:job_id>")

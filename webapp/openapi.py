@@ -116,6 +116,29 @@ _AUDIT_FILTERS = [
                            "resolutions that decided it (404: no such job)"),
     _LIMIT, _BEFORE,
 ]
+# The job search (reads.search_jobs). The document accepts a part of what the server would:
+# a job id as #N (N of at most 18 digits), digits (the job with that id, then the commands
+# that contain them), or 3 to 200 characters of a command, no control character, not
+# starting with "#" and neither starting nor ending with a blank (the server strips blanks;
+# text shorter than 3 characters, which trigrams cannot serve, is refused with 422).
+_CONTROL = "\\u0000-\\u001f\\u007f"
+_SEARCH_TEXT = {"type": "string", "maxLength": 200, "anyOf": [
+    {"pattern": "^#[1-9][0-9]{0,17}$"},
+    {"pattern": "^[0-9]{1,200}$"},
+    {"pattern": f"^[^#{_CONTROL}{_SPACE_CLASS}][^{_CONTROL}]+[^{_CONTROL}{_SPACE_CLASS}]$"}]}
+_SEARCH_PARAMETERS = [
+    {"name": "q", "in": "query", "required": True, "schema": _SEARCH_TEXT,
+     "description": "#N: job N only; digits: job N first, then the jobs whose command contains "
+                    "them; other text: the jobs whose command (its words joined by spaces) "
+                    "contains it, any case (% and _ are literal); 422 when shorter than 3 "
+                    "characters"},
+    _query("project", _NAME_SCHEMA, "only this project's jobs (404: no such project)"),
+    _query("submitter", {"type": "string", "minLength": 1, "maxLength": 200,
+                         "pattern": f"^[^{_CONTROL}]*$"},
+           "only jobs submitted by this user or login (exactly)"),
+    _query("state", {"enum": list(JOB_STATES)}, "only jobs in this state"),
+    _LIMIT, _BEFORE,
+]
 # A list refuses what its document refuses (422), and a name that does not exist (404).
 _LIST = (401, 404, 422, *_EVERY)
 
@@ -148,6 +171,9 @@ _LIST_PATHS: dict[str, Any] = {
                                  "getRunner", "RunnerDetail", parameters=[_RUNNER_ID]),
     "/audit": _get("Audit events, newest first", "listAuditEvents", "AuditList",
                    parameters=_AUDIT_FILTERS, errors=_LIST),
+    "/jobs/search": _get("Find jobs by command text, project, submitter, state or id, newest "
+                         "first, keyset-paged by id", "searchJobs", "JobSearch",
+                         parameters=_SEARCH_PARAMETERS, errors=_LIST),
     "/overview": _get("What the overview says: waiting jobs by every reason and by primary, "
                       "the oldest waiting per pool and primary reason, capacity, uncertain "
                       "targets, paused projects", "getOverview", "Overview",
@@ -193,6 +219,20 @@ _LIST_SCHEMAS: dict[str, Any] = {
                     "order": {"enum": ["newest_first", "oldest_first"]},
                     "next": {"$ref": "#/components/schemas/Next"},
                     "next_url": {"type": ["string", "null"]}}},
+    "JobSearch": {"type": "object", "required": ["query", "job_id", "jobs", "order", "next"],
+                  "properties": {
+                      "query": {"type": "string", "description": "the text searched, stripped"},
+                      "job_id": {"type": ["integer", "null"], "description": "the id asked for"},
+                      "jobs": {"type": "array", "items": {"allOf": [
+                          {"$ref": "#/components/schemas/JobListItem"},
+                          {"type": "object", "required": ["match", "submitted_by"], "properties": {
+                              "match": {"enum": ["id", "command"],
+                                        "description": "the job asked for by id (first), or a "
+                                                       "command that contains the text"},
+                              "submitted_by": {"type": "string"}}}]}},
+                      "order": {"enum": ["newest_first"]},
+                      "next": {"$ref": "#/components/schemas/Next"},
+                      "next_url": {"type": ["string", "null"]}}},
     "Project": {"type": "object", "required": ["name", "organization", "running", "pools"],
                 "properties": {"id": {"type": "integer"}, "name": {"type": "string"},
                                "organization": {"type": "string"}, "running": {"type": "integer"},

@@ -22,3 +22,7 @@ RETURN array_to_string(p_command, ' ');
 
 CREATE INDEX IF NOT EXISTS jobs_command_trgm_idx ON jobs
     USING gin (pgd_command_text(command) pgdispatch_ext.gin_trgm_ops);
+-- A search narrowed to one project or one submitter reads that one's jobs newest first (or
+-- ANDs their bitmap with the trigram one) instead of every job whose command has the word.
+CREATE INDEX IF NOT EXISTS jobs_project_idx ON jobs (project_id, id);
+CREATE INDEX IF NOT EXISTS jobs_submitter_idx ON jobs (submitted_by, id);

@@ -106,7 +106,8 @@ def test_keyset_pages_newest_first_then_none(conn, world, found):
 @pytest.mark.parametrize("q, message", [
     ("", "empty"), ("   ", "empty"), ("ab", "too short"), ("#a", "too short"),
     ("x" * 201, "longer than 200"), ("make\x00", "control"), ("a\nbc", "control"),
-    (17, "must be a string"), (None, "must be a string"),
+    ("#0", "job id must be between"), ("#" + "9" * 20, "job id must be between"),
+    (17, "must be text"), (None, "must be text"), ("caf\udce9", "UTF-8"),
 ])
 def test_refused_texts(conn, found, q, message):
     with pytest.raises(InvalidInput, match=message):
@@ -117,7 +118,8 @@ def test_refused_texts(conn, found, q, message):
     ({"state": "done"}, "unknown state"), ({"limit": 0}, "limit"), ({"limit": 501}, "limit"),
     ({"before_id": -1}, "before_id"), ({"before_id": True}, "before_id"),
     ({"submitter": ""}, "submitter"), ({"submitter": "a\x00"}, "submitter"),
-    ({"submitter": "x" * 201}, "submitter"),
+    ({"submitter": "x" * 201}, "submitter"), ({"submitter": "caf\udce9"}, "UTF-8"),
+    ({"project": "caf\udce9"}, "project must be valid UTF-8"), ({"project": ""}, "project"),
 ])
 def test_refused_filters(conn, found, kw, message):
     with pytest.raises(InvalidInput, match=message):

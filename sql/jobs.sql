@@ -240,14 +240,49 @@ SELECT j.id, j.state, j.priority, j.command, j.project_id, j.pool_id, j.target_i
   LEFT JOIN runners r ON r.id = a.runner_id
  ORDER BY CASE WHEN CAST(:after_id AS bigint) IS NULL THEN -j.id ELSE j.id END;
 
+-- name: probe_recent_jobs^
+-- The job search's first step (reads.search_jobs): of the newest :probe jobs below :before_id
+-- that pass the filters (project, submitter, state; each NULL when not asked for), the ids of
+-- those whose command text matches the ILIKE :pattern, newest first, and how many were
+-- examined. Bounded whatever the word: a word most commands contain is answered here, from
+-- jobs_pkey, jobs_project_idx or jobs_submitter_idx read backwards. Read-only.
+SELECT coalesce(array_agg(c.id ORDER BY c.id DESC)
+                    FILTER (WHERE pgd_command_text(c.command) ILIKE :pattern), '{}') AS ids,
+       count(*) AS examined
+  FROM (SELECT j.id, j.command FROM jobs j
+         WHERE j.id < coalesce(CAST(:before_id AS bigint), 9223372036854775807)
+           AND j.id IS DISTINCT FROM CAST(:job_id AS bigint)
+           AND (CAST(:project_id AS bigint) IS NULL OR j.project_id = :project_id)
+           AND (CAST(:submitter AS text) IS NULL OR j.submitted_by = :submitter)
+           AND (CAST(:state AS text) IS NULL OR j.state = :state)
+         ORDER BY j.id DESC LIMIT :probe) c;
+
+-- name: begin_job_search^
+-- The job search's second step is planned with bitmap scans only (SET LOCAL, until
+-- end_job_search puts the settings back): the trigram index, ANDed with the project's or
+-- the submitter's b-tree, costs what the matches cost. An ordered scan of jobs_pkey or
+-- jobs_project_idx that filters each row, which the planner prefers when it guesses the
+-- word common, reads a whole history when the guess is wrong (a word common elsewhere and
+-- absent from the project: 50,000 rows, 0.8 s at 1M jobs; docs/benchmarks.md). The probe
+-- has already answered the words that are common among the newest jobs. Read-only.
+SELECT current_setting('enable_indexscan') AS indexscan,
+       current_setting('enable_seqscan') AS seqscan,
+       set_config('enable_indexscan', 'off', true) AS indexscan_now,
+       set_config('enable_seqscan', 'off', true) AS seqscan_now;
+
+-- name: end_job_search^
+-- The settings begin_job_search changed, back as they were in this transaction. Read-only.
+SELECT set_config('enable_indexscan', :indexscan, true) AS indexscan,
+       set_config('enable_seqscan', :seqscan, true) AS seqscan;
+
 -- name: search_jobs
--- The job search (reads.search_jobs): job :job_id itself when asked for (first page only:
--- :before_id NULL), then the jobs whose command, as one text (pgd_command_text, the
--- expression of jobs_command_trgm_idx), matches the ILIKE :pattern, newest first below
--- :before_id, at most :limit, with the filters project, submitter (submitted_by) and state,
--- each NULL when not asked for. Planned with its values (begin_job_list), so that the planner
--- weighs the trigram index against reading jobs_pkey backwards for a word that most
--- commands contain. The same row as list_jobs gives, and "match": id or command. Read-only.
+-- The job search's page (reads.search_jobs): job :job_id itself when asked for (first page
+-- only: :before_id NULL), then the jobs :ids (the probe's matches) or, with :ids NULL, the
+-- jobs whose command, as one text (pgd_command_text, the expression of
+-- jobs_command_trgm_idx), matches the ILIKE :pattern, newest first below :before_id, at
+-- most :limit, with the filters project, submitter (submitted_by) and state, each NULL when
+-- not asked for. Planned with its values (begin_job_list) and bitmap scans only
+-- (begin_job_search). The same row as list_jobs gives, and "match": id or command. Read-only.
 WITH page AS (
     (SELECT j.id, 'id' AS match FROM jobs j
       WHERE j.id = :job_id AND CAST(:before_id AS bigint) IS NULL
@@ -255,8 +290,11 @@ WITH page AS (
         AND (CAST(:submitter AS text) IS NULL OR j.submitted_by = :submitter)
         AND (CAST(:state AS text) IS NULL OR j.state = :state))
     UNION ALL
+    (SELECT x.id, 'command' FROM unnest(CAST(:ids AS bigint[])) AS x (id)
+      WHERE CAST(:ids AS bigint[]) IS NOT NULL)
+    UNION ALL
     (SELECT j.id, 'command' FROM jobs j
-      WHERE CAST(:pattern AS text) IS NOT NULL
+      WHERE CAST(:pattern AS text) IS NOT NULL AND CAST(:ids AS bigint[]) IS NULL
         AND pgd_command_text(j.command) ILIKE :pattern
         AND j.id < coalesce(CAST(:before_id AS bigint), 9223372036854775807)
         AND j.id IS DISTINCT FROM CAST(:job_id AS bigint)

@@ -447,6 +447,9 @@ def _list_waiting_with_reason(conn, *, reason, state, organization, project, poo
 # Trigrams (pg_trgm) need three characters: a shorter text matches through no index entry.
 SEARCH_MIN_CHARS = 3
 SEARCH_MAX_CHARS = 200
+# The newest jobs (that pass the filters) the search reads first, by id, before it asks the
+# trigram index: enough to answer a word most commands contain, few enough to cost a few ms.
+SEARCH_PROBE_ROWS = 1000
 _SEARCH_ID = re.compile(r"#?([0-9]+)")
 
 
@@ -501,7 +504,9 @@ def search_jobs(conn, *, q: str, project: str | None = None, submitter: str | No
     (its words joined by spaces) contains it, case-insensitively (the trigram index
     jobs_command_trgm_idx). Filters: ``project`` (name), ``submitter`` (submitted_by, exact),
     ``state``. Newest first, keyset-paged by id: ``before_id`` from the previous page's
-    ``next``; the id match comes first, on the first page only.
+    ``next``; the id match comes first, on the first page only. Two steps: the newest
+    SEARCH_PROBE_ROWS jobs that pass the filters, read by id (a common word is found there),
+    then, if they held less than a page, the trigram index with bitmap scans only.
 
     Returns:
         {"query": q stripped, "job_id": the id asked for or None, "jobs": [list_jobs row +
@@ -526,8 +531,23 @@ def search_jobs(conn, *, q: str, project: str | None = None, submitter: str | No
     ids = _job_filter_ids(conn, organization=None, project=project, pool=None, target=None,
                           runner_id=None)
     now = Q.begin_job_list(conn)["now"]
-    rows = list(Q.search_jobs(conn, job_id=job_id, pattern=pattern, project_id=ids["project_id"],
-                              submitter=submitter, state=state, before_id=before_id, limit=limit))
+    filters = dict(job_id=job_id, project_id=ids["project_id"], submitter=submitter, state=state,
+                   before_id=before_id)
+    found = None
+    if pattern is not None:
+        # first the newest jobs, a bounded read whatever the word; then, when they hold fewer
+        # than a page of matches, the trigram index (probe_recent_jobs, begin_job_search)
+        probe = Q.probe_recent_jobs(conn, pattern=pattern, probe=SEARCH_PROBE_ROWS, **filters)
+        if len(probe["ids"]) >= limit or probe["examined"] < SEARCH_PROBE_ROWS:
+            found = list(probe["ids"][:limit])
+    if found is None and pattern is not None:
+        saved = Q.begin_job_search(conn)
+        try:
+            rows = list(Q.search_jobs(conn, pattern=pattern, ids=None, limit=limit, **filters))
+        finally:
+            Q.end_job_search(conn, indexscan=saved["indexscan"], seqscan=saved["seqscan"])
+    else:
+        rows = list(Q.search_jobs(conn, pattern=None, ids=found, limit=limit, **filters))
     commands = [r for r in rows if r["match"] == "command"]
     return {"query": q.strip(), "job_id": job_id, "jobs": rows, "order": "newest_first",
             "next": {"before_id": commands[-1]["id"]} if len(commands) == limit else None,

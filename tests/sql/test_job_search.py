@@ -143,3 +143,22 @@ def test_a_rare_word_is_found_through_the_trigram_index(conn, world):
         "ORDER BY id DESC LIMIT 50", (pattern,)))
     assert "jobs_command_trgm_idx" in plan, plan
     assert ids(reads.search_jobs(conn, q="zqxjvw")) == [needle]
+
+
+@pytest.mark.parametrize("kw", [
+    {"q": "make"}, {"q": "make", "project": "web"}, {"q": "make", "submitter": "alice"},
+    {"q": "e%_"}, {"q": "4711"}, {"q": "make", "state": "queued", "limit": 2},
+    {"q": "build", "before_id": 10**6},
+])
+def test_the_trigram_step_finds_what_the_probe_of_the_newest_jobs_finds(conn, world, found, monkeypatch, kw):
+    """With a probe too small to hold a page, the second step (the trigram index, bitmap
+    scans only) answers, the same as the probe alone; and it leaves the planner's settings
+    of the caller's transaction as they were."""
+    for i in range(6):
+        world.job(command=["make", "check", str(i)], submitted_by="alice" if i % 2 else "bob")
+    expected = reads.search_jobs(conn, **kw)
+    monkeypatch.setattr(reads, "SEARCH_PROBE_ROWS", 2)
+    assert reads.search_jobs(conn, **kw) == {**expected, "now": reads.search_jobs(conn, **kw)["now"]}
+    settings = conn.execute("SELECT current_setting('enable_indexscan') AS i, "
+                            "current_setting('enable_seqscan') AS s").fetchone()
+    assert settings == {"i": "on", "s": "on"}

@@ -16,7 +16,7 @@
 CREATE SCHEMA IF NOT EXISTS pgdispatch_ext;
 CREATE EXTENSION IF NOT EXISTS pg_trgm WITH SCHEMA pgdispatch_ext;
 
-CREATE FUNCTION pgd_command_text(p_command text[]) RETURNS text
+CREATE OR REPLACE FUNCTION pgd_command_text(p_command text[]) RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN array_to_string(p_command, ' ');
 

@@ -91,7 +91,7 @@ def test_operator_pauses_a_project_and_the_queue_follows(live_server, context, w
 
     for name, path in [("overview", "/"), ("targets", "/targets/"),
                        ("job-detail", f"/jobs/{made['failed']['id']}"), ("runners", "/runners/"),
-                       ("audit", "/audit/")]:
+                       ("audit", "/audit/"), ("search", "/jobs/search?q=make")]:
         projects.goto(live_server + path)
         expect(projects.locator("main h1").first).to_be_visible()
         _shot(projects, name)
@@ -99,6 +99,24 @@ def test_operator_pauses_a_project_and_the_queue_follows(live_server, context, w
     # no CSP violation, no script error; Chromium reports the expected 409 as a network line
     expected = "Failed to load resource: the server responded with a status of 409 (CONFLICT)"
     assert [e for e in context.console_errors if e != expected] == []
+
+
+def test_the_top_bar_finds_a_job_by_command_and_opens_one_by_id(live_server, context, world):
+    made = _populate(world)
+    page = context.new_page()
+    _sign_in(page, live_server, "victor")
+    box = page.get_by_role("searchbox", name="Find a job by command or id")
+    box.fill("MAKE T")
+    box.press("Enter")
+    page.wait_for_url(re.compile(r"/jobs/search\?q=MAKE\+T"))
+    results = page.locator("#search-results")
+    expect(results).to_contain_text("1 job for “MAKE T”")
+    expect(results.locator(f"#search-row-{made['failed']['id']}")).to_contain_text("make test")
+    page.get_by_role("searchbox", name="Find a job by command or id").fill(f"#{made['deploy']['id']}")
+    page.get_by_role("searchbox", name="Find a job by command or id").press("Enter")
+    page.wait_for_url(re.compile(rf"/jobs/{made['deploy']['id']}$"))
+    expect(page.locator("main h1").first).to_contain_text(str(made["deploy"]["id"]))
+    assert context.console_errors == []
 
 
 def test_viewer_sees_no_action_buttons_and_is_refused(live_server, context, world):

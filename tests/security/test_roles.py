@@ -293,6 +293,14 @@ def test_web_and_reader_logins_read_what_the_console_shows(world, db_url, logins
             reads.show_project(c, name="web")
             reads.show_pool(c, name="linux")
             reads.show_target(c, name="production")
+            # the job search, both steps: the probe of the newest jobs, and the trigram index
+            # (its wrapper pgd_command_text is PUBLIC's, the planner settings any login's)
+            assert [j["id"] for j in reads.search_jobs(c, q="true", project="web")["jobs"]] == [job]
+            probe, reads.SEARCH_PROBE_ROWS = reads.SEARCH_PROBE_ROWS, 0
+            try:
+                assert [j["id"] for j in reads.search_jobs(c, q="true")["jobs"]] == [job]
+            finally:
+                reads.SEARCH_PROBE_ROWS = probe
             explain.explain_job(c, job_id=job)
             limits.list_limits(c)
             from pgdispatch.sql import audit

@@ -69,7 +69,8 @@ def state(conn) -> tuple:
 def operation_of(method: str, path: str) -> dict:
     """The document's operation for a concrete path."""
     parts = path.removeprefix("/api/v1").split("?")[0].split("/")
-    for template, ops in SPEC["paths"].items():
+    # a literal segment wins over a parameter (/jobs/search, not /jobs/{job_id}), as in Flask
+    for template, ops in sorted(SPEC["paths"].items(), key=lambda item: item[0].count("{")):
         names = template.split("/")
         if len(names) == len(parts) and all(n.startswith("{") or n == p for n, p in zip(names, parts)):
             if method.lower() in ops:
@@ -270,6 +271,9 @@ PATHS = [
     ("GET", "/api/v1/audit?actor=%00"), ("GET", "/api/v1/audit?before_id=0"),
     ("GET", "/api/v1/audit?job=424242"), ("GET", "/api/v1/overview?colour=red"),
     ("GET", "/api/v1/projects?colour=red"), ("GET", "/api/v1/jobs/1?verbose=1"),
+    ("GET", "/api/v1/jobs/search"), ("GET", "/api/v1/jobs/search?q=ab"),
+    ("GET", "/api/v1/jobs/search?q=%00make"), ("GET", "/api/v1/jobs/search?q=make&project=nope"),
+    ("GET", "/api/v1/jobs/search?q=make&before_id=0"),
 ]
 
 
@@ -287,7 +291,7 @@ def test_the_walk_meets_only_documented_statuses(call, world, stage):
                   ("GET", "/api/v1/pools/deploy"), ("GET", "/api/v1/targets"),
                   ("GET", "/api/v1/targets/production"), ("GET", "/api/v1/runners"),
                   ("GET", "/api/v1/runners/1"), ("GET", "/api/v1/audit"),
-                  ("GET", "/api/v1/overview")]
+                  ("GET", "/api/v1/overview"), ("GET", "/api/v1/jobs/search?q=make")]
     assert {operation_of(m, p)["operationId"] for m, p in operations} == {
         op["operationId"] for ops in SPEC["paths"].values() for op in ops.values()}
     before = state(world.conn)

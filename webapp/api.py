@@ -264,30 +264,34 @@ _BULK_FILTER_NAMES = {"runner": "runner_id", "older_than": "older_than_seconds",
 def bulk_jobs():
     """Preview (dry_run) or apply a bulk cancel / retry / approve / reprioritize: by filter
     (previewed and applied in one request), or to exactly the job_ids of an earlier preview
-    (with the generations it gave, when sent)."""
+    (ids, or its jobs with the generation each had). A name that does not exist is 404."""
     body = _body("bulkJobs")
     filters = {_BULK_FILTER_NAMES.get(k, k): _whole(v) for k, v in body.get("filter", {}).items()}
     priority = _whole(body.get("priority"))
     reason = _optional_text(body, "reason")
     conn = get_conn()
     live = current_app.config["RUNNER_LIVE_SECONDS"]
-    job_ids = body.get("job_ids")
-    if job_ids is None:
-        if "generations" in body:
-            raise InvalidInput("generations go with job_ids")
-        run = bulk.run_bulk(conn, action=body["action"], filters=filters, priority=priority,
-                            reason=reason, actor=_actor(), dry_run=body["dry_run"],
-                            live_seconds=live)
-        preview, result = run["preview"], run["result"]
-    elif body["dry_run"]:
-        preview = bulk.preview_bulk(conn, action=body["action"], filters=filters, priority=priority,
-                                    job_ids=[_whole(i) for i in job_ids], live_seconds=live)
-        result = None
-    else:
-        preview = None
-        result = bulk.apply_bulk(conn, action=body["action"], job_ids=[_whole(i) for i in job_ids],
-                                 generations=body.get("generations"), filters=filters,
-                                 priority=priority, reason=reason, actor=_actor())
+    items = body.get("job_ids")
+    try:
+        if items is None:
+            run = bulk.run_bulk(conn, action=body["action"], filters=filters, priority=priority,
+                                reason=reason, actor=_actor(), dry_run=body["dry_run"],
+                                live_seconds=live)
+            preview, result = run["preview"], run["result"]
+        else:
+            ids = [_whole(i["id"] if isinstance(i, dict) else i) for i in items]
+            generations = [_whole(i["generation"]) if isinstance(i, dict) else None for i in items]
+            if body["dry_run"]:
+                preview = bulk.preview_bulk(conn, action=body["action"], filters=filters,
+                                            priority=priority, job_ids=ids, live_seconds=live)
+                result = None
+            else:
+                preview = None
+                result = bulk.apply_bulk(conn, action=body["action"], job_ids=ids,
+                                         generations=generations, filters=filters,
+                                         priority=priority, reason=reason, actor=_actor())
+    except UnknownFilter as exc:
+        raise NotFound(str(exc)) from None
     if preview is not None:
         preview = {k: v for k, v in preview.items() if k != "now"}
     return jsonify({"dry_run": body["dry_run"], "action": body["action"], "preview": preview,

@@ -395,7 +395,7 @@ SPEC: dict[str, Any] = {
                            "id order, each its own transaction; a job no longer in the state "
                            "the action expects (or claimed since its generation) is skipped "
                            "with why, never an error. A name in `filter` that does not exist "
-                           "is 422.",
+                           "is 404, as in listJobs.",
             "operationId": "bulkJobs",
             "requestBody": _body({"$ref": "#/components/schemas/BulkRequest"}, required=True),
             "responses": {"200": _json({"$ref": "#/components/schemas/BulkAnswer"},
@@ -537,6 +537,9 @@ SPEC: dict[str, Any] = {
             **_LIST_SCHEMAS,
             "BulkRequest": {
                 "type": "object", "additionalProperties": False, "required": ["action", "dry_run"],
+                "if": {"properties": {"action": {"const": "reprioritize"}}},
+                "then": {"required": ["priority"]},
+                "else": {"not": {"required": ["priority"]}},
                 "properties": {
                     "action": {"enum": ["cancel", "retry", "approve", "reprioritize"]},
                     "filter": {"type": "object", "additionalProperties": False,
@@ -544,14 +547,17 @@ SPEC: dict[str, Any] = {
                                               "parameters), all optional, combined with AND",
                                "properties": {f["name"]: f["schema"] for f in _JOB_FILTERS
                                               if f["name"] not in ("limit", "before_id", "after_id")}},
-                    "job_ids": {"type": "array", "minItems": 1, "maxItems": 10000, "items": _BIGINT,
-                                "description": "exactly these jobs (an earlier preview's ids)"},
-                    "generations": {"type": "array", "maxItems": 10000,
-                                    "items": {"type": ["integer", "null"], "minimum": 0,
-                                              "maximum": 2**63 - 1},
-                                    "description": "the preview's generation of each of job_ids "
-                                                   "(same length): a job claimed since is skipped"},
-                    "priority": {**_PRIORITY, "description": "reprioritize only: the new priority"},
+                    "job_ids": {"type": "array", "minItems": 1, "maxItems": 10000,
+                                "description": "exactly these jobs: ids, or an earlier preview's "
+                                               "jobs ({id, generation}: one claimed since is "
+                                               "skipped too)",
+                                "items": {"oneOf": [_BIGINT, {
+                                    "type": "object", "required": ["id", "generation"],
+                                    "properties": {"id": _BIGINT,
+                                                   "generation": {"type": "integer", "minimum": 0,
+                                                                  "maximum": 2**63 - 1}}}]}},
+                    "priority": {**_PRIORITY, "description": "the new priority: required by "
+                                                             "reprioritize, refused by the others"},
                     "reason": {"type": ["string", "null"], "maxLength": 1000, "pattern": _NO_NUL},
                     "dry_run": {"type": "boolean"},
                 },

@@ -49,8 +49,7 @@ def test_dry_run_then_apply_by_filter_and_by_ids(api, world):
     jobs = body["preview"]["jobs"]
     applied = api("POST", "/api/v1/jobs/bulk",
                   json={"action": "cancel", "filter": {"pool": "linux"}, "dry_run": False,
-                        "job_ids": [j["id"] for j in jobs],
-                        "generations": [j["generation"] for j in jobs], "reason": "bad build"})
+                        "job_ids": jobs, "reason": "bad build"})
     assert applied.status_code == 200, applied.get_json()
     result = applied.get_json()["result"]
     assert result["done"] == [linux[0], linux[2]]
@@ -87,12 +86,13 @@ def test_set_priority_endpoint(api, world):
     {"action": "cancel", "dry_run": "yes"},
     {"action": "cancel", "dry_run": True, "filter": {"colour": "red"}},
     {"action": "cancel", "dry_run": True, "filter": {"state": "sleeping"}},
-    {"action": "cancel", "dry_run": True, "filter": {"project": "nope"}},
     {"action": "reprioritize", "dry_run": True},
     {"action": "cancel", "dry_run": True, "priority": 3},
     {"action": "cancel", "dry_run": False, "job_ids": []},
-    {"action": "cancel", "dry_run": False, "job_ids": [1, 2], "generations": [0]},
-    {"action": "cancel", "dry_run": False, "generations": [0]},
+    {"action": "cancel", "dry_run": False, "job_ids": [{"id": 1}]},
+    {"action": "cancel", "dry_run": False, "job_ids": [{"id": 1, "generation": -1}]},
+    {"action": "cancel", "dry_run": False, "job_ids": [0]},
+    {"action": "cancel", "dry_run": False, "job_ids": [1], "generations": [0]},
     {"action": "cancel", "dry_run": False, "job_ids": ["1"]},
 ])
 def test_bad_bulk_bodies_are_422_and_write_nothing(api, world, body):
@@ -103,6 +103,13 @@ def test_bad_bulk_bodies_are_422_and_write_nothing(api, world, body):
     assert response.status_code == 422, (body, response.get_json())
     assert set(response.get_json()) == {"error"}
     assert count(world.conn, "audit_events") == before
+
+
+def test_an_unknown_name_in_the_filter_is_404(api, world):
+    world.setup()
+    response = api("POST", "/api/v1/jobs/bulk",
+                   json={"action": "cancel", "dry_run": True, "filter": {"project": "nope"}})
+    assert response.status_code == 404 and "unknown project" in response.get_json()["error"]
 
 
 def test_a_viewer_may_not_bulk(api, world):

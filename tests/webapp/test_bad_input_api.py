@@ -124,7 +124,8 @@ def action_paths(stage) -> list[str]:
     return ["/api/v1/jobs", f"/api/v1/jobs/{stage['job']}/cancel",
             f"/api/v1/jobs/{stage['job']}/approve", f"/api/v1/jobs/{stage['lost']}/retry",
             "/api/v1/projects/web/pause", "/api/v1/projects/web/resume",
-            "/api/v1/targets/production/resolve"]
+            "/api/v1/targets/production/resolve", f"/api/v1/jobs/{stage['job']}/priority",
+            "/api/v1/jobs/bulk"]
 
 
 @pytest.mark.parametrize("raw, content_type, statuses, fragment", UNREADABLE)
@@ -270,6 +271,7 @@ PATHS = [
     ("GET", "/api/v1/audit?actor=%00"), ("GET", "/api/v1/audit?before_id=0"),
     ("GET", "/api/v1/audit?job=424242"), ("GET", "/api/v1/overview?colour=red"),
     ("GET", "/api/v1/projects?colour=red"), ("GET", "/api/v1/jobs/1?verbose=1"),
+    ("POST", f"/api/v1/jobs/{2**63}/priority"), ("POST", "/api/v1/jobs/bulk?dry_run=1"),
 ]
 
 

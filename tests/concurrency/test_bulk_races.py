@@ -13,7 +13,8 @@ database and that file:
 * one bulk_cancel audit event, and one cancel_job event per cancelled job naming it.
 
 The same run against a broken bulk (pgd_bulk_refusal without its state and generation checks:
-it cancels a job whatever it is doing) is caught by the same checks.
+it cancels a job whatever it is doing) is caught by the same checks. And two operators'
+bulk cancels of overlapping sets, at once: each job cancelled by exactly one of them.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pgdispatch.sql import bulk
 
 from ..variants import variant_sql
 from . import processes
+from .harness import run_together
 
 JOBS = 300
 DEADLINE_S = 120.0
@@ -137,3 +139,33 @@ def test_a_bulk_cancel_without_its_state_checks_is_caught(world, db_url, tmp_pat
     r = race(world, db_url, tmp_path)
     found = violations(world, r)
     assert any("cancelled and run" in line for line in found), found
+
+
+def test_two_operators_bulk_cancelling_overlapping_sets_each_job_once(world, db_url):
+    """Alice and Bob confirm bulk cancels of overlapping previews at once, on real connections:
+    every job is cancelled by exactly one of them (its one cancel_job event names that
+    operator's bulk event), and the other's report skips it saying who cancelled it."""
+    world.setup()
+    ids = [world.job()["id"] for _ in range(120)]
+    sets = {"alice": ids[:90], "bob": ids[30:]}
+    outcomes = run_together(db_url, [
+        lambda conn, who=who: bulk.apply_bulk(conn, action="cancel", job_ids=sets[who],
+                                              actor=who, batch_size=10)
+        for who in sets])
+    results = {}
+    for who, o in zip(sets, outcomes):
+        assert o.error is None, o.error
+        results[who] = o.value
+    done = results["alice"]["done"] + results["bob"]["done"]
+    assert sorted(done) == ids  # each once, none left
+    for who, other in (("alice", "bob"), ("bob", "alice")):
+        r = results[who]
+        assert len(r["done"]) + len(r["skipped"]) == len(sets[who])
+        for s in r["skipped"]:
+            assert s["job_id"] in results[other]["done"]
+            assert f"cancelled by {other}" in s["why"], s
+    trail = world.conn.execute("SELECT job_id, actor, details FROM audit_events "
+                               "WHERE action = 'cancel_job' ORDER BY job_id").fetchall()
+    assert [e["job_id"] for e in trail] == ids
+    for e in trail:
+        assert e["details"]["bulk_event_id"] == results[e["actor"]]["bulk_event_id"]

@@ -198,3 +198,33 @@ def test_bad_input_is_refused_before_anything_is_written(world, call, message):
             bulk.preview_bulk(world.conn, **call)
     assert events(world.conn) == before
     assert json.dumps(before, default=str)
+
+
+def test_the_preview_reads_the_action_states_range_not_the_history(world):
+    """With 20,000 finished jobs beside a few queued ones, the preview's read
+    (list_bulk_candidates) walks jobs_state_idx in the states the action takes: no scan of
+    the jobs table, and about as many rows read as it returns."""
+    from pgdispatch.sql.queries import Q
+
+    from .plans import analyze_all, pin_planner, plan_nodes, quiet_autovacuum
+
+    world.setup()
+    queued = [world.job()["id"] for _ in range(5)]
+    world.conn.execute(
+        "INSERT INTO jobs (project_id, pool_id, state, command, finished_at) "
+        "SELECT p.id, q.id, 'succeeded', ARRAY['true'], now() FROM projects p, pools q, "
+        "generate_series(1, 20000)")
+    quiet_autovacuum(world.conn)
+    analyze_all(world.conn)
+    pin_planner(world.conn)
+    params = dict(states=["blocked", "queued"], after_id=0, limit=1000, job_ids=None,
+                  project_id=None, organization_id=None, pool_id=None, target_id=None,
+                  runner_id=None, older_than_seconds=None, younger_than_seconds=None)
+    sql = Q.list_bulk_candidates.sql
+    plan = world.conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()["QUERY PLAN"][0]["Plan"]
+    nodes = list(plan_nodes(plan))
+    scans = [(n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "jobs"]
+    assert scans and all(t != "Seq Scan" for t, _ in scans), scans
+    assert ("Index Scan", "jobs_state_idx") in scans, scans
+    assert sum(n.get("Rows Removed by Filter", 0) for n in nodes) < 100
+    assert [j["id"] for j in bulk.preview_bulk(world.conn, action="cancel", filters={})["jobs"]] == queued

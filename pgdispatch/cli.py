@@ -535,6 +535,111 @@ _job_action("cancel", "Cancel a waiting job, or stop a running one (audited).")
 _job_action("retry", "Queue a failed or cancelled job again (audited).")
 
 
+@jobs.command("set-priority")
+@click.argument("job_id", type=WholeNumber())
+@click.option("--priority", type=WholeNumber(), required=True,
+              help="-1000..1000; higher first, within the project.")
+@click.option("--reason", default=None, help="Why (recorded in the audit log).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def jobs_set_priority(obj: Context, job_id: int, priority: int, reason: str | None,
+                      as_json: bool) -> None:
+    """Set the priority of a waiting (blocked or queued) job (audited)."""
+    from pgdispatch.sql import transitions
+
+    with obj.connect() as conn:
+        result = transitions.set_priority(conn, job_id=job_id, priority=priority, reason=reason,
+                                          actor=None)
+    emit(result) if as_json else click.echo(
+        f"job {job_id}: priority {result['previous_priority']} -> {result['priority']}")
+
+
+# the past tense of each bulk action, for its report
+_BULK_DONE = {"cancel": "cancelled", "retry": "retried", "approve": "approved",
+              "reprioritize": "reprioritized"}
+BULK_SHOWN = 50  # rows of a preview, and skipped jobs, printed (--json has every one)
+
+
+@jobs.command("bulk")
+@click.argument("action", type=click.Choice(["cancel", "retry", "approve", "reprioritize"]))
+@click.option("--state", type=click.Choice(JOB_STATES), default=None,
+              help="Only jobs in this state (of those the action takes).")
+@click.option("--organization", default=None, help="Only this organization's jobs.")
+@click.option("--project", default=None, help="Only this project's jobs.")
+@click.option("--pool", default=None, help="Only jobs for this pool.")
+@click.option("--target", default=None, help="Only deployments to this target.")
+@click.option("--runner", "runner_id", type=IntRange(1, MAX_BIGINT), default=None,
+              help="Only jobs whose latest attempt ran on this runner id.")
+@click.option("--reason-code", "reason_code", default=None, metavar="CODE",
+              help="Only waiting jobs with this reason among theirs (approval_required, "
+                   "target_held…; `jobs explain` names them).")
+@click.option("--older-than", "older_than", type=FiniteFloatRange(0), default=None,
+              metavar="SECONDS", help="Only jobs created at least this long ago.")
+@click.option("--younger-than", "younger_than", type=FiniteFloatRange(0), default=None,
+              metavar="SECONDS", help="Only jobs created less than this long ago.")
+@click.option("--priority", type=WholeNumber(), default=None,
+              help="reprioritize: the new priority (-1000..1000).")
+@click.option("--reason", default=None, help="Why (recorded in the audit log).")
+@click.option("--yes", is_flag=True, help="Apply it; without --yes only the preview is shown.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"preview", "result"} as POST /api/v1/jobs/bulk answers it.')
+@click.pass_obj
+def jobs_bulk(obj: Context, action: str, state: str | None, organization: str | None,
+              project: str | None, pool: str | None, target: str | None, runner_id: int | None,
+              reason_code: str | None, older_than: float | None, younger_than: float | None,
+              priority: int | None, reason: str | None, yes: bool, as_json: bool) -> None:
+    """Cancel, retry, approve or reprioritize every job a filter selects (at most 10,000,
+    first by id). Without --yes: the jobs it would take, and nothing changes. With --yes:
+    applied in batches of 100 (each its own transaction, in id order); a job that changed
+    since the preview is skipped with why. A bulk cancel takes waiting jobs only."""
+    from pgdispatch.sql import bulk
+
+    filters = {"state": state, "organization": organization, "project": project, "pool": pool,
+               "target": target, "runner_id": runner_id, "reason": reason_code,
+               "older_than_seconds": older_than, "younger_than_seconds": younger_than}
+    with obj.connect() as conn:
+        run = bulk.run_bulk(conn, action=action, filters=filters, priority=priority,
+                            reason=reason, actor=None, dry_run=not yes,
+                            live_seconds=obj.settings.lease_seconds)
+    preview, result = run["preview"], run["result"]
+    if as_json:
+        emit({"dry_run": not yes, "action": action,
+              "preview": {k: v for k, v in preview.items() if k != "now"}, "result": result})
+        return
+    said = " ".join(f"{k.removesuffix('_seconds').replace('_', '-')}={v}"
+                    for k, v in preview["filter"].items())
+    n = preview["count"]
+    if not n:
+        click.echo(f"no jobs to {action}" + (f" (filter: {said})" if said else "")
+                   + f"; it takes {' and '.join(preview['states']) or 'none of these states'} jobs")
+        return
+    to = f" to priority {priority}" if action == "reprioritize" else ""
+    if result is None:
+        click.echo(f"this will {action} {n} job{'s' if n != 1 else ''}{to}"
+                   + (f" (filter: {said})" if said else " (no filter: every one it takes)") + ":")
+        table(preview["jobs"][:BULK_SHOWN], [
+            ("ID", lambda j: str(j["id"])), ("STATE", lambda j: j["state"]),
+            ("PROJECT", lambda j: f"{j['organization']}/{j['project']}"),
+            ("TARGET", lambda j: j["target"] or "-"), ("PRI", lambda j: str(j["priority"])),
+            ("REASON", lambda j: j["reason"] or _cut(j["message"], 30) or "-"),
+            ("COMMAND", lambda j: _cut(" ".join(j["command"]), 50))], empty="no jobs")
+        if n > BULK_SHOWN:
+            click.echo(f"... and {n - BULK_SHOWN} more (--json lists every one)")
+        if preview["truncated"]:
+            click.echo(f"the filter matched more than {n}: these are the first {n} by id")
+        click.echo(f"nothing changed; run it again with --yes to {action} them")
+        return
+    done, skipped = result["done"], result["skipped"]
+    click.echo(f"{_BULK_DONE[action]} {len(done)} of {result['requested']} jobs{to}, skipped "
+               f"{len(skipped)} (audit event {result['bulk_event_id']})")
+    for s in skipped[:BULK_SHOWN]:
+        click.echo(f"  skipped job {s['job_id']}: {_cut(s['why'], 120)}")
+    if len(skipped) > BULK_SHOWN:
+        click.echo(f"  ... and {len(skipped) - BULK_SHOWN} more skipped (--json lists every one)")
+    if preview["truncated"]:
+        click.echo(f"the filter matched more than {result['requested']}: run it again for the rest")
+
+
 # --- projects and targets ---------------------------------------------------------------
 
 @cli.group()

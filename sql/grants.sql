@@ -58,7 +58,8 @@ GRANT EXECUTE ON FUNCTION pgd_runner_login_pools, pgd_login_is_unbound, pgd_logi
 -- Operator (a person's CLI login; pgdispatch_admin is a member): submit, the operator
 -- actions, an expiry pass. pgd_authorize makes the login the actor.
 GRANT EXECUTE ON FUNCTION pgd_submit, pgd_pause_project, pgd_resume_project, pgd_approve_job,
-                          pgd_cancel_job, pgd_retry_job, pgd_resolve_target
+                          pgd_cancel_job, pgd_retry_job, pgd_set_priority, pgd_resolve_target,
+                          pgd_bulk_begin, pgd_bulk_apply
     TO pgdispatch_operator, pgdispatch_web;
 GRANT EXECUTE ON FUNCTION pgd_expire_one TO pgdispatch_operator;
 

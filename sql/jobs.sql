@@ -50,6 +50,44 @@ SELECT pgd_cancel_job(:job_id, :reason, :actor);
 -- Queue a failed or cancelled job again (conditional, audited); see pgd_retry_job.
 SELECT pgd_retry_job(:job_id, :reason, :actor);
 
+-- name: set_priority$
+-- Set the priority of a waiting job (conditional, audited); see pgd_set_priority.
+SELECT pgd_set_priority(:job_id, :priority, :reason, :actor);
+
+-- name: bulk_begin$
+-- Write a bulk action's one audit event before any job changes; see pgd_bulk_begin (sql/functions/bulk.sql).
+SELECT pgd_bulk_begin(:action, CAST(:filter AS jsonb), :requested, :truncated, :priority, :reason, :actor);
+
+-- name: bulk_apply
+-- One batch of a bulk action: each job locked in id order, changed if still as previewed, else skipped; see pgd_bulk_apply.
+SELECT * FROM pgd_bulk_apply(:bulk_event_id, CAST(:job_ids AS bigint[]),
+                             CAST(:generations AS bigint[]), :actor);
+
+-- name: list_bulk_candidates
+-- The jobs in :states (ids and what a bulk preview shows of them) matching the job list's
+-- filters (pgd_job_list_match) and among :job_ids (NULL: any), by id from :after_id, at
+-- most :limit: one forward range of
+-- jobs_state_idx per state (the state matched as a range, as list_jobs explains). Read-only.
+SELECT j.id, j.state, j.generation, j.priority, j.command, j.project_id, j.pool_id, j.target_id,
+       j.ready_at, j.created_at, j.requires_approval, j.approved_at, j.submitted_by,
+       j.pending_dependencies, j.failures, j.max_attempts, j.last_error,
+       p.name AS project, o.id AS organization_id, o.name AS organization,
+       q.name AS pool, t.name AS target
+  FROM unnest(CAST(:states AS text[])) AS s(state)
+ CROSS JOIN LATERAL (
+       SELECT x.* FROM jobs x
+        WHERE x.state >= s.state AND x.state <= s.state AND x.id > :after_id
+          AND (CAST(:job_ids AS bigint[]) IS NULL OR x.id = ANY (CAST(:job_ids AS bigint[])))
+          AND pgd_job_list_match(x, :project_id, :organization_id, :pool_id, :target_id,
+                                 :runner_id, :older_than_seconds, :younger_than_seconds)
+        ORDER BY x.state, x.id LIMIT :limit) j
+  JOIN projects p ON p.id = j.project_id
+  JOIN organizations o ON o.id = p.organization_id
+  JOIN pools q ON q.id = j.pool_id
+  LEFT JOIN targets t ON t.id = j.target_id
+ ORDER BY j.id
+ LIMIT :limit;
+
 -- name: list_waiting_jobs
 -- Jobs not running and not finished, oldest first, keyset-paginated by id, with optional filters
 -- (organization, project, pool, target names).

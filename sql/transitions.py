@@ -395,6 +395,22 @@ def retry_job(conn, *, job_id: int, actor: str | None, reason: str | None = None
                        reason=_operator_text("reason", reason, required=False))
 
 
+@transition("set_priority")
+def set_priority(conn, *, job_id: int, priority: int, actor: str | None,
+                 reason: str | None = None) -> dict[str, Any]:
+    """Set the priority (-1000..1000, higher first within its project) of a waiting job
+    (blocked or queued); audited with the old and the new one. Returns {"job_id", "state",
+    "priority", "previous_priority"}.
+
+    Raises: InvalidInput (a priority out of range), NotFound, AlreadyResolved (the job is
+    no longer waiting, or already has that priority).
+    """
+    return Q.set_priority(conn, job_id=check_int("job id", job_id, 1, 2**63 - 1),
+                          priority=check_int("priority", priority, -1000, 1000, strict=True),
+                          actor=check_actor(actor),
+                          reason=_operator_text("reason", reason, required=False))
+
+
 @transition("resolve_target")
 def resolve_target(conn, *, target: str, outcome: str, note: str, actor: str | None) -> dict[str, Any]:
     """Resolve an uncertain target: the lost deployment succeeded, failed, or should retry.

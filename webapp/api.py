@@ -15,7 +15,8 @@ from typing import Any
 from flask import Blueprint, abort, current_app, g, jsonify, request, url_for
 from werkzeug.exceptions import BadRequest, RequestEntityTooLarge, UnsupportedMediaType
 
-from pgdispatch.sql import InvalidInput, NotFound, accounts, audit, explain, reads, transitions
+from pgdispatch.sql import (InvalidInput, NotFound, accounts, audit, bulk, explain, reads,
+                            transitions)
 from pgdispatch.sql.errors import UnknownFilter
 
 from .auth import ROLE_RANK
@@ -243,6 +244,58 @@ def approve_job(job_id: int):
 def retry_job(job_id: int):
     """Queue a failed or cancelled job again."""
     return _job_action(job_id, transitions.retry_job, "retryJob")
+
+
+@bp.post("/jobs/<int:job_id>/priority")
+def set_job_priority(job_id: int):
+    """Set the priority of a waiting job."""
+    body = _body("setJobPriority")
+    return jsonify(transitions.set_priority(get_conn(), job_id=check_job_id(job_id),
+                                            priority=_whole(body["priority"]), actor=_actor(),
+                                            reason=_optional_text(body, "reason")))
+
+
+# the API's filter names (listJobs' query parameters) and the bulk action's (sql/bulk.py)
+_BULK_FILTER_NAMES = {"runner": "runner_id", "older_than": "older_than_seconds",
+                      "younger_than": "younger_than_seconds"}
+
+
+@bp.post("/jobs/bulk")
+def bulk_jobs():
+    """Preview (dry_run) or apply a bulk cancel / retry / approve / reprioritize: by filter
+    (previewed and applied in one request), or to exactly the job_ids of an earlier preview
+    (ids, or its jobs with the generation each had). A name that does not exist is 404."""
+    body = _body("bulkJobs")
+    filters = {_BULK_FILTER_NAMES.get(k, k): _whole(v) for k, v in body.get("filter", {}).items()}
+    priority = _whole(body.get("priority"))
+    reason = _optional_text(body, "reason")
+    conn = get_conn()
+    live = current_app.config["RUNNER_LIVE_SECONDS"]
+    items = body.get("job_ids")
+    try:
+        if items is None:
+            run = bulk.run_bulk(conn, action=body["action"], filters=filters, priority=priority,
+                                reason=reason, actor=_actor(), dry_run=body["dry_run"],
+                                live_seconds=live)
+            preview, result = run["preview"], run["result"]
+        else:
+            ids = [_whole(i["id"] if isinstance(i, dict) else i) for i in items]
+            generations = [_whole(i["generation"]) if isinstance(i, dict) else None for i in items]
+            if body["dry_run"]:
+                preview = bulk.preview_bulk(conn, action=body["action"], filters=filters,
+                                            priority=priority, job_ids=ids, live_seconds=live)
+                result = None
+            else:
+                preview = None
+                result = bulk.apply_bulk(conn, action=body["action"], job_ids=ids,
+                                         generations=generations, filters=filters,
+                                         priority=priority, reason=reason, actor=_actor())
+    except UnknownFilter as exc:
+        raise NotFound(str(exc)) from None
+    if preview is not None:
+        preview = {k: v for k, v in preview.items() if k != "now"}
+    return jsonify({"dry_run": body["dry_run"], "action": body["action"], "preview": preview,
+                    "result": result})
 
 
 @bp.post("/projects/<name>/pause")

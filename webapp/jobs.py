@@ -1,4 +1,5 @@
-"""Jobs: every job, filtered and paged; one job's attempts, output and explanation; approve, cancel, retry."""
+"""Jobs: every job, filtered and paged; one job's attempts, output and explanation; approve,
+cancel, retry, set its priority; bulk actions over a filter, previewed first."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import re
 
 from flask import Blueprint, current_app, redirect, render_template, request, url_for
 
-from pgdispatch.sql import InvalidInput, explain, reads, transitions
+from pgdispatch.sql import InvalidInput, PgDispatchError, bulk, explain, reads, transitions
 from pgdispatch.sql.explain import REASON_CODES
 from pgdispatch.sql.validate import JOB_STATES
 
 from .db import get_conn
-from .views import actor, arg_int, arg_text, check_job_id, form_text, perform, render_view
+from .views import (actor, arg_int, arg_text, check_job_id, form_text, perform, render_view,
+                    require_operator, respond)
 
 bp = Blueprint("jobs", __name__, url_prefix="/jobs")
 STATES = JOB_STATES
@@ -178,3 +180,118 @@ def cancel(job_id: int):
 def retry(job_id: int):
     """Queue a failed or cancelled job again."""
     return _act(job_id, transitions.retry_job, _retried)
+
+
+def _prioritized(job_id: int, result: dict) -> str:
+    return f"job {job_id}: priority {result['previous_priority']} -> {result['priority']}"
+
+
+@bp.post("/<int:job_id>/priority")
+def set_priority(job_id: int):
+    """Set the priority of a waiting job (-1000..1000)."""
+    check_job_id(job_id)
+    reason = form_text("reason")
+    raw = form_text("priority", required=True)
+    return perform(lambda conn: transitions.set_priority(conn, job_id=job_id, priority=_priority(raw),
+                                                         actor=actor(), reason=reason),
+                   success=lambda r: _prioritized(job_id, r),
+                   back=url_for("jobs.detail", job_id=job_id), fragment=lambda: _fragment(job_id))
+
+
+def _priority(raw: str | None) -> int | None:
+    """A priority typed in a form: ASCII digits with an optional minus, -1000..1000."""
+    if raw is None:
+        return None
+    digits = raw[1:] if raw[:1] in "+-" else raw
+    if len(raw) > 6 or not (digits.isascii() and digits.isdigit()) or not -1000 <= int(raw) <= 1000:
+        raise InvalidInput("priority must be a whole number between -1000 and 1000")
+    return int(raw)
+
+
+# --- bulk actions: preview (GET) and confirm (POST) --------------------------------------
+
+BULK_ROWS_SHOWN = 200  # rows of a preview and of a report on the page (every id is in the form)
+_TOKEN = re.compile(r"([0-9]{1,19}):([0-9]{1,19})")
+
+
+def _bulk_filters(source) -> dict:
+    """The Jobs page's filters from ``source`` (request.args or request.form), in the bulk
+    action's names (sql/bulk.py, BULK_FILTERS); None for each one not given."""
+    def text(name):
+        value = (source.get(name) or "").strip()
+        if "\x00" in value or len(value) > 200:
+            raise InvalidInput(f"{name} filter is not valid")
+        return value or None
+
+    def number(name, *, whole=False):
+        raw = (source.get(name) or "").strip()
+        if raw == "":
+            return None
+        if len(raw) > 40 or not AGE_PATTERN.fullmatch(raw) or (whole and "." in raw):
+            raise InvalidInput(f"{name} must be a {'whole number' if whole else 'number of seconds'}"
+                               f" in ASCII digits")
+        return int(raw) if whole else float(raw)
+
+    filters = {name: text(name) for name in TEXT_FILTERS}
+    filters["runner_id"] = number("runner", whole=True)
+    for name, key in AGE_FILTERS.items():
+        filters[key] = number(name)
+    return filters
+
+
+def _link_filters(filters: dict) -> dict:
+    """``filters`` as the Jobs page's query string names them (for links and hidden fields)."""
+    names = {"runner_id": "runner", **{v: k for k, v in AGE_FILTERS.items()}}
+    return {names.get(k, k): (int(v) if isinstance(v, float) and v.is_integer() else v)
+            for k, v in filters.items() if v is not None}
+
+
+def _bulk_action(source) -> tuple[str, int | None]:
+    action = (source.get("action") or "").strip()
+    if action not in bulk.BULK_ACTIONS:
+        raise InvalidInput(f"choose a bulk action: {', '.join(bulk.BULK_ACTIONS)}")
+    raw = (source.get("priority") or "").strip() or None
+    return action, _priority(raw) if action == "reprioritize" else None
+
+
+@bp.get("/bulk")
+def bulk_preview():
+    """What a bulk action would take: the jobs the Jobs page's filters select that are in a
+    state the action takes, first by id (at most 10,000), and the form that confirms exactly
+    those. Operators only; nothing changes."""
+    require_operator()
+    action, priority = _bulk_action(request.args)
+    filters = _bulk_filters(request.args)
+    preview = bulk.preview_bulk(get_conn(), action=action, filters=filters, priority=priority,
+                                live_seconds=current_app.config["RUNNER_LIVE_SECONDS"])
+    tokens = " ".join(f"{j['id']}:{j['generation']}" for j in preview["jobs"])
+    return render_view("jobs/bulk.html", "jobs/_bulk.html", preview=preview, result=None,
+                       action=action, priority=priority, filters=_link_filters(preview["filter"]),
+                       tokens=tokens, shown=BULK_ROWS_SHOWN, now=preview["now"])
+
+
+@bp.post("/bulk")
+def bulk_apply():
+    """Apply a previewed bulk action to exactly the ids (and generations) the preview's form
+    carries; the report lists what was done and what was skipped, with why."""
+    require_operator()
+    back = url_for("jobs.index")
+    try:
+        action, priority = _bulk_action(request.form)
+        filters = _bulk_filters(request.form)
+        raw = (request.form.get("jobs") or "").split()
+        if not raw or len(raw) > bulk.MAX_BULK_JOBS:
+            raise InvalidInput(f"the form carries no jobs, or more than {bulk.MAX_BULK_JOBS}: preview again")
+        pairs = [_TOKEN.fullmatch(t) for t in raw]
+        if not all(pairs):
+            raise InvalidInput("the form's job list is not valid: preview again")
+        result = bulk.apply_bulk(get_conn(), action=action,
+                                 job_ids=[int(m.group(1)) for m in pairs],
+                                 generations=[int(m.group(2)) for m in pairs],
+                                 filters=filters, truncated=request.form.get("truncated") == "1",
+                                 priority=priority, reason=form_text("bulk_reason"), actor=actor())
+    except PgDispatchError as exc:
+        return respond(message=str(exc), category="error", status=exc.http_status, back=back)
+    return render_view("jobs/bulk.html", "jobs/_bulk.html", preview=None, result=result,
+                       action=action, priority=priority, filters=_link_filters(filters),
+                       tokens="", shown=BULK_ROWS_SHOWN, now=None)

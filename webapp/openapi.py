@@ -77,6 +77,7 @@ def _job_action(summary: str, conflict: str) -> dict[str, Any]:
 
 _BIGINT = {"type": "integer", "minimum": 1, "maximum": 2**63 - 1}
 _SECONDS = {"type": "number", "minimum": 0, "maximum": MAX_AGE_SECONDS}
+_PRIORITY = {"type": "integer", "minimum": -1000, "maximum": 1000}
 
 
 def _query(name: str, schema: dict[str, Any], description: str) -> dict[str, Any]:
@@ -407,6 +408,40 @@ SPEC: dict[str, Any] = {
             "Approve a job that requires approval", "already approved, or no approval needed"),
         "/jobs/{job_id}/retry": _job_action(
             "Retry a failed or cancelled job", "the job is not failed or cancelled"),
+        "/jobs/{job_id}/priority": {"post": {
+            "summary": "Set the priority of a waiting job (blocked or queued)",
+            "operationId": "setJobPriority",
+            "parameters": [_JOB_ID],
+            "requestBody": _body({"type": "object", "additionalProperties": False,
+                                  "required": ["priority"],
+                                  "properties": {"priority": _PRIORITY,
+                                                 "reason": {"type": ["string", "null"],
+                                                            "maxLength": 1000, "pattern": _NO_NUL}}},
+                                 required=True),
+            "responses": {"200": _json({"$ref": "#/components/schemas/ActionResult"},
+                                       "{job_id, state, priority, previous_priority}"),
+                          **_errors(*_WRITE),
+                          "409": {"description": "the job is no longer waiting, or already has "
+                                                 "that priority", "content": _ERROR_CONTENT}},
+        }},
+        "/jobs/bulk": {"post": {
+            "summary": "Preview or apply a bulk cancel, retry, approve or reprioritize",
+            "description": "With `dry_run` true, the jobs the action would take now (at most "
+                           "10,000, first by id; `truncated` when the filter matched more), "
+                           "and nothing changes. With `dry_run` false and no `job_ids`, the "
+                           "same preview is applied at once; with `job_ids` (an earlier "
+                           "preview's, and its `generations` when sent), exactly those jobs. "
+                           "One audit event for the bulk action, then batches of 100 jobs in "
+                           "id order, each its own transaction; a job no longer in the state "
+                           "the action expects (or claimed since its generation) is skipped "
+                           "with why, never an error. A name in `filter` that does not exist "
+                           "is 404, as in listJobs.",
+            "operationId": "bulkJobs",
+            "requestBody": _body({"$ref": "#/components/schemas/BulkRequest"}, required=True),
+            "responses": {"200": _json({"$ref": "#/components/schemas/BulkAnswer"},
+                                       "the preview, the result, or both"),
+                          **_errors(*_WRITE)},
+        }},
         "/projects/{name}/pause": {"post": {
             "summary": "Pause a project", "operationId": "pauseProject",
             "parameters": [_NAME],
@@ -540,6 +575,67 @@ SPEC: dict[str, Any] = {
                 },
             },
             **_LIST_SCHEMAS,
+            "BulkRequest": {
+                "type": "object", "additionalProperties": False, "required": ["action", "dry_run"],
+                "if": {"properties": {"action": {"const": "reprioritize"}}},
+                "then": {"required": ["priority"]},
+                "else": {"not": {"required": ["priority"]}},
+                "properties": {
+                    "action": {"enum": ["cancel", "retry", "approve", "reprioritize"]},
+                    "filter": {"type": "object", "additionalProperties": False,
+                               "description": "the job list's filters (listJobs' query "
+                                              "parameters), all optional, combined with AND",
+                               "properties": {f["name"]: f["schema"] for f in _JOB_FILTERS
+                                              if f["name"] not in ("limit", "before_id", "after_id")}},
+                    "job_ids": {"type": "array", "minItems": 1, "maxItems": 10000,
+                                "description": "exactly these jobs: ids, or an earlier preview's "
+                                               "jobs ({id, generation}: one claimed since is "
+                                               "skipped too)",
+                                "items": {"oneOf": [_BIGINT, {
+                                    "type": "object", "required": ["id", "generation"],
+                                    "properties": {"id": _BIGINT,
+                                                   "generation": {"type": "integer", "minimum": 0,
+                                                                  "maximum": 2**63 - 1}}}]}},
+                    "priority": {**_PRIORITY, "description": "the new priority: required by "
+                                                             "reprioritize, refused by the others"},
+                    "reason": {"type": ["string", "null"], "maxLength": 1000, "pattern": _NO_NUL},
+                    "dry_run": {"type": "boolean"},
+                },
+            },
+            "BulkAnswer": {
+                "type": "object", "required": ["dry_run", "action", "preview", "result"],
+                "properties": {
+                    "dry_run": {"type": "boolean"}, "action": {"type": "string"},
+                    "preview": {"oneOf": [{"type": "null"}, {
+                        "type": "object",
+                        "properties": {
+                            "count": {"type": "integer"}, "truncated": {"type": "boolean"},
+                            "priority": {"type": ["integer", "null"]},
+                            "filter": {"type": "object"},
+                            "states": {"type": "array", "items": {"enum": list(JOB_STATES)}},
+                            "jobs": {"type": "array", "items": {"type": "object", "properties": {
+                                "id": {"type": "integer"}, "generation": {"type": "integer"},
+                                "state": {"enum": list(JOB_STATES)}, "priority": {"type": "integer"},
+                                "project": {"type": "string"}, "organization": {"type": "string"},
+                                "pool": {"type": "string"}, "target": {"type": ["string", "null"]},
+                                "command": {"type": "array", "items": {"type": "string"}},
+                                "reason": {"oneOf": [{"enum": list(REASON_CODES)}, {"type": "null"}]},
+                                "message": {"type": ["string", "null"]},
+                                "created_at": {"type": "string", "format": "date-time"}}}}}}]},
+                    "result": {"oneOf": [{"type": "null"}, {
+                        "type": "object",
+                        "properties": {
+                            "bulk_event_id": {"type": "integer",
+                                              "description": "the bulk action's audit event"},
+                            "requested": {"type": "integer"},
+                            "priority": {"type": ["integer", "null"]},
+                            "done": {"type": "array", "items": {"type": "integer"}},
+                            "skipped": {"type": "array", "items": {"type": "object", "properties": {
+                                "job_id": {"type": "integer"},
+                                "state": {"type": ["string", "null"]},
+                                "why": {"type": "string"}}}}}}]},
+                },
+            },
             "ActionResult": {"type": "object",
                              "description": "what changed, e.g. {\"job_id\": 7, \"state\": \"cancelled\"}"},
         },

@@ -117,34 +117,59 @@ $$;
 
 -- A protected target's rule for approving job v (sql/schema.sql, targets.requires_approval):
 -- nobody approves a deployment they submitted, and the approver of a deployment to a
--- protected target holds its approver_role. Raises PD403 with the rule otherwise.
-CREATE OR REPLACE FUNCTION pgd_check_approver(v jobs, p_actor text) RETURNS void
+-- protected target holds its approver_role. The rule p_actor breaks, as a sentence, or NULL
+-- when it may approve (a bulk approve skips the job with it: sql/functions/bulk.sql).
+CREATE OR REPLACE FUNCTION pgd_approver_refusal(v jobs, p_actor text) RETURNS text
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     t targets%ROWTYPE;
     v_role text;
 BEGIN
     IF v.target_id IS NULL THEN
-        RETURN;
+        RETURN NULL;
     END IF;
     SELECT * INTO t FROM targets WHERE id = v.target_id;
     IF v.submitted_by = p_actor THEN
-        RAISE EXCEPTION '% submitted job % (a deployment to target %) and cannot approve it; another % must',
-            p_actor, v.id, t.name, CASE WHEN t.requires_approval THEN t.approver_role ELSE 'operator' END
-            USING ERRCODE = 'PD403';
+        RETURN format('%s submitted job %s (a deployment to target %s) and cannot approve it; another %s must',
+            p_actor, v.id, t.name, CASE WHEN t.requires_approval THEN t.approver_role ELSE 'operator' END);
     END IF;
     IF t.requires_approval THEN
         v_role := pgd_actor_role(p_actor);
         IF coalesce(array_position(ARRAY['viewer', 'operator', 'admin'], v_role), 0)
            < array_position(ARRAY['viewer', 'operator', 'admin'], t.approver_role) THEN
-            RAISE EXCEPTION 'target % requires approval by %; % %',
+            RETURN format('target %s requires approval by %s; %s %s',
                 t.name, CASE t.approver_role WHEN 'admin' THEN 'an admin' ELSE 'an operator' END,
                 p_actor, CASE v_role WHEN 'admin' THEN 'is an admin' WHEN 'operator' THEN 'is an operator'
-                                     WHEN 'viewer' THEN 'is a viewer' ELSE 'has no role' END
-                USING ERRCODE = 'PD403';
+                                     WHEN 'viewer' THEN 'is a viewer' ELSE 'has no role' END);
         END IF;
     END IF;
+    RETURN NULL;
 END;
+$$;
+
+-- Raises PD403 with the rule pgd_approver_refusal names, when p_actor may not approve v.
+CREATE OR REPLACE FUNCTION pgd_check_approver(v jobs, p_actor text) RETURNS void
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_refusal text := pgd_approver_refusal(v, p_actor);
+BEGIN
+    IF v_refusal IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_refusal USING ERRCODE = 'PD403';
+    END IF;
+END;
+$$;
+
+-- The change an approval makes to job p_job_id, which the caller has locked and checked
+-- (pgd_approve_job; the bulk approve, sql/functions/bulk.sql): queued unless a dependency is
+-- pending. Returns the row as it is now.
+CREATE OR REPLACE FUNCTION pgd_approve_locked(p_job_id bigint, p_actor text) RETURNS jobs
+LANGUAGE sql AS $$
+    UPDATE jobs
+       SET approved_at = now(), approved_by = p_actor,
+           state = CASE WHEN pending_dependencies = 0 THEN 'queued' ELSE 'blocked' END,
+           ready_at = CASE WHEN pending_dependencies = 0 THEN now() ELSE ready_at END
+     WHERE id = p_job_id
+    RETURNING *
 $$;
 
 -- approve a job that requires approval; it becomes queued if no dependency is pending.
@@ -168,14 +193,26 @@ BEGIN
             coalesce(v.approved_by, pgd_last_actor('job:' || p_job_id)) USING ERRCODE = 'PDALR';
     END IF;
     PERFORM pgd_check_approver(v, p_actor);
-    UPDATE jobs
-       SET approved_at = now(), approved_by = p_actor,
-           state = CASE WHEN pending_dependencies = 0 THEN 'queued' ELSE 'blocked' END,
-           ready_at = CASE WHEN pending_dependencies = 0 THEN now() ELSE ready_at END
-     WHERE id = p_job_id
-    RETURNING * INTO v;
+    v := pgd_approve_locked(p_job_id, p_actor);
     PERFORM pgd_audit(p_actor, 'approve_job', 'job:' || p_job_id, p_reason);
     RETURN jsonb_build_object('job_id', p_job_id, 'state', v.state);
+END;
+$$;
+
+-- The change a cancel makes to waiting job p_job_id (blocked or queued), which the caller
+-- has locked and checked (pgd_cancel_job; the bulk cancel, sql/functions/bulk.sql): it ends
+-- cancelled, and its waiting dependents with it. Returns the row as it is now.
+CREATE OR REPLACE FUNCTION pgd_cancel_waiting(p_job_id bigint, p_actor text) RETURNS jobs
+LANGUAGE plpgsql AS $$
+DECLARE
+    v jobs%ROWTYPE;
+BEGIN
+    UPDATE jobs SET state = 'cancelled', finished_at = now(),
+                    cancel_requested_at = now(), cancel_requested_by = p_actor,
+                    last_error = 'cancelled by ' || p_actor
+     WHERE id = p_job_id RETURNING * INTO v;
+    PERFORM pgd_cancel_dependents(p_job_id, format('dependency %s cancelled', p_job_id));
+    RETURN v;
 END;
 $$;
 
@@ -190,11 +227,7 @@ BEGIN
         RAISE EXCEPTION 'unknown job %', p_job_id USING ERRCODE = 'PD404';
     END IF;
     IF v.state IN ('blocked', 'queued') THEN
-        UPDATE jobs SET state = 'cancelled', finished_at = now(),
-                        cancel_requested_at = now(), cancel_requested_by = p_actor,
-                        last_error = 'cancelled by ' || p_actor
-         WHERE id = p_job_id RETURNING * INTO v;
-        PERFORM pgd_cancel_dependents(p_job_id, format('dependency %s cancelled', p_job_id));
+        v := pgd_cancel_waiting(p_job_id, p_actor);
     ELSIF v.state = 'running' AND v.cancel_requested_at IS NULL THEN
         UPDATE jobs SET cancel_requested_at = now(), cancel_requested_by = p_actor
          WHERE id = p_job_id RETURNING * INTO v;
@@ -208,11 +241,35 @@ BEGIN
 END;
 $$;
 
+-- The change an operator's retry makes to failed or cancelled job p_job_id, which the
+-- caller has locked and checked (pgd_retry_job; the bulk retry, sql/functions/bulk.sql).
+-- An approval covers a submission and its automatic retries; an operator's re-run of a
+-- deployment to a protected target is a new deployment and waits for a new approval.
+-- Returns the row as it is now.
+CREATE OR REPLACE FUNCTION pgd_retry_locked(p_job_id bigint) RETURNS jobs
+LANGUAGE plpgsql AS $$
+DECLARE
+    v jobs%ROWTYPE;
+    v_protected boolean;
+BEGIN
+    SELECT coalesce(t.requires_approval, false) INTO v_protected
+      FROM jobs j LEFT JOIN targets t ON t.id = j.target_id WHERE j.id = p_job_id;
+    UPDATE jobs SET state = CASE WHEN v_protected THEN 'blocked' ELSE 'queued' END,
+                    ready_at = now(), finished_at = NULL,
+                    max_attempts = least(100, greatest(max_attempts, failures + 1)),
+                    cancel_requested_at = NULL, cancel_requested_by = NULL,
+                    requires_approval = requires_approval OR v_protected,
+                    approved_at = CASE WHEN v_protected THEN NULL ELSE approved_at END,
+                    approved_by = CASE WHEN v_protected THEN NULL ELSE approved_by END
+     WHERE id = p_job_id RETURNING * INTO v;
+    RETURN v;
+END;
+$$;
+
 CREATE OR REPLACE FUNCTION pgd_retry_job(p_job_id bigint, p_reason text, p_actor text)
 RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v jobs%ROWTYPE;
-    v_protected boolean;
     v_winner text;
 BEGIN
     p_actor := pgd_authorize(p_actor, 'operator');
@@ -239,20 +296,53 @@ BEGIN
     IF v.pending_dependencies > 0 OR (v.requires_approval AND v.approved_at IS NULL) THEN
         RAISE EXCEPTION 'job % still waits on a dependency or an approval', p_job_id USING ERRCODE = 'PD409';
     END IF;
-    -- An approval covers a submission and its automatic retries; an operator's re-run of a
-    -- deployment to a protected target is a new deployment and waits for a new approval.
-    v_protected := coalesce((SELECT t.requires_approval FROM targets t WHERE t.id = v.target_id), false);
-    UPDATE jobs SET state = CASE WHEN v_protected THEN 'blocked' ELSE 'queued' END,
-                    ready_at = now(), finished_at = NULL,
-                    max_attempts = least(100, greatest(max_attempts, failures + 1)),
-                    cancel_requested_at = NULL, cancel_requested_by = NULL,
-                    requires_approval = requires_approval OR v_protected,
-                    approved_at = CASE WHEN v_protected THEN NULL ELSE approved_at END,
-                    approved_by = CASE WHEN v_protected THEN NULL ELSE approved_by END
-     WHERE id = p_job_id RETURNING * INTO v;
+    v := pgd_retry_locked(p_job_id);
     PERFORM pgd_audit(p_actor, 'retry_job', 'job:' || p_job_id, p_reason);
     RETURN jsonb_build_object('job_id', p_job_id, 'state', v.state);
 END;
+$$;
+
+-- set the priority of a waiting job (blocked or queued): conditional on it still waiting
+-- and on the priority being another, audited with the old and the new one. The claim orders
+-- a project's queued jobs by priority, then id (jobs_claim_idx), so a queued job's new
+-- priority counts from the next claim on; a running or ended job keeps the one it had.
+CREATE OR REPLACE FUNCTION pgd_set_priority(p_job_id bigint, p_priority integer, p_reason text,
+                                            p_actor text)
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v jobs%ROWTYPE;
+    v_from integer;
+BEGIN
+    p_actor := pgd_authorize(p_actor, 'operator');
+    IF p_priority IS NULL OR p_priority NOT BETWEEN -1000 AND 1000 THEN
+        RAISE EXCEPTION 'priority must be a whole number between -1000 and 1000' USING ERRCODE = 'PD422';
+    END IF;
+    SELECT * INTO v FROM jobs WHERE id = p_job_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown job %', p_job_id USING ERRCODE = 'PD404';
+    END IF;
+    IF v.state NOT IN ('blocked', 'queued') THEN
+        RAISE EXCEPTION 'job % is % and its priority cannot change (%)', p_job_id, v.state,
+            pgd_job_state_note(v) USING ERRCODE = 'PDALR';
+    END IF;
+    IF v.priority = p_priority THEN
+        RAISE EXCEPTION 'job % already has priority % (set by %)', p_job_id, p_priority,
+            pgd_last_actor('job:' || p_job_id) USING ERRCODE = 'PDALR';
+    END IF;
+    v_from := v.priority;
+    v := pgd_set_priority_locked(p_job_id, p_priority);
+    PERFORM pgd_audit(p_actor, 'set_priority', 'job:' || p_job_id, p_reason,
+                      jsonb_build_object('from', v_from, 'to', p_priority));
+    RETURN jsonb_build_object('job_id', p_job_id, 'state', v.state, 'priority', v.priority,
+                              'previous_priority', v_from);
+END;
+$$;
+
+-- The change pgd_set_priority makes to job p_job_id, which the caller has locked and checked
+-- (also the bulk reprioritize, sql/functions/bulk.sql). Returns the row as it is now.
+CREATE OR REPLACE FUNCTION pgd_set_priority_locked(p_job_id bigint, p_priority integer) RETURNS jobs
+LANGUAGE sql AS $$
+    UPDATE jobs SET priority = p_priority WHERE id = p_job_id RETURNING *
 $$;
 
 -- resolve an uncertain target: the operator says whether the lost deployment happened

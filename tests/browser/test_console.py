@@ -91,7 +91,8 @@ def test_operator_pauses_a_project_and_the_queue_follows(live_server, context, w
 
     for name, path in [("overview", "/"), ("targets", "/targets/"),
                        ("job-detail", f"/jobs/{made['failed']['id']}"), ("runners", "/runners/"),
-                       ("audit", "/audit/"), ("search", "/jobs/search?q=make")]:
+                       ("audit", "/audit/"), ("search", "/jobs/search?q=make"),
+                       ("bulk-retry", "/jobs/bulk?action=retry")]:
         projects.goto(live_server + path)
         expect(projects.locator("main h1").first).to_be_visible()
         _shot(projects, name)

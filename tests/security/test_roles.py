@@ -16,7 +16,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import psycopg
 import pytest
 
-from pgdispatch.sql import Forbidden, db, explain, limits, reads, roles, transitions
+from pgdispatch.sql import Forbidden, bulk, db, explain, limits, reads, roles, transitions
 
 from ..conftest import with_database
 from ..e2e.test_scheduler_e2e import Schedulers, wait_until
@@ -85,6 +85,11 @@ def forbidden_statements(conn, kind: str) -> list[str]:
                   "false, '{}', NULL, NULL)"]
     if kind in ("reader", "operator"):
         stmts += ["SELECT pgd_set_pool_slots('linux', 0, 1, NULL, NULL)"]
+    if kind in ("scheduler", "reader"):
+        # the operator actions of a bulk action and a job's priority (sql/functions/bulk.sql)
+        stmts += ["SELECT pgd_set_priority(1, 1, NULL, NULL)",
+                  "SELECT pgd_bulk_begin('cancel', '{}', 1, false, NULL, NULL, NULL)",
+                  "SELECT * FROM pgd_bulk_apply(1, ARRAY[1::bigint], NULL, NULL)"]
     if kind in ("web", "reader", "operator", "admin"):
         stmts += ["SELECT * FROM pgd_claim(1, ARRAY[1::bigint], gen_random_uuid(), 30)",
                   "SELECT pgd_register_runner('r', 'h', 1, ARRAY['linux'], 1)",
@@ -235,6 +240,31 @@ def test_a_cli_login_acts_as_itself(world, db_url, logins):
                                 "WHERE action IN ('pause_project', 'set_pool_slots') ORDER BY id").fetchall()
     assert events == [{"actor": logins["operator"], "login": logins["operator"], "action": "pause_project"},
                       {"actor": logins["admin"], "login": logins["admin"], "action": "set_pool_slots"}]
+
+
+@pytest.mark.own_database
+def test_a_bulk_action_runs_as_an_operator_login_and_not_as_another(world, db_url, logins):
+    """A person's operator login previews and applies a bulk cancel as itself, and a bulk
+    event is its own: another login (the console's, naming a user) cannot apply its batches;
+    a reader cannot even preview it to begin one."""
+    world.setup()
+    ids = [world.job()["id"] for _ in range(3)]
+    with db.connect(login_url(db_url, logins["operator"])) as op:
+        run = bulk.run_bulk(op, action="cancel", filters={}, actor=None, dry_run=False)
+        assert run["result"]["done"] == ids
+        other = world.job()["id"]
+        begun = run["result"]["bulk_event_id"]
+    with db.connect(login_url(db_url, logins["admin"])) as adm:
+        with pytest.raises(Forbidden, match="is pgd_test_operator's"):
+            bulk._apply_batch(adm, bulk_event_id=begun, job_ids=[other], generations=[None], actor=None)
+    with db.connect(login_url(db_url, logins["reader"])) as reader:
+        with pytest.raises(Forbidden):
+            bulk.apply_bulk(reader, action="cancel", job_ids=[other], actor=None)
+    assert world.row("jobs", other)["state"] == "queued"
+    actors = {(e["action"], e["actor"], e["login"]) for e in world.conn.execute(
+        "SELECT action, actor, login FROM audit_events WHERE action IN ('bulk_cancel', 'cancel_job')")}
+    assert actors == {("bulk_cancel", logins["operator"], logins["operator"]),
+                      ("cancel_job", logins["operator"], logins["operator"])}
 
 
 @pytest.mark.own_database

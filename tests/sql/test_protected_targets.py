@@ -1,4 +1,4 @@
-"""Approval is a property of the target (sql/functions/operator.sql, pgd_check_approver):
+"""Approval is a property of the target (sql/functions/operator.sql, pgd_approver_refusal):
 a deployment to a protected target is blocked for approval whatever its submission says;
 its submitter cannot approve it; its approver holds the target's approver_role, as a console
 user (the users row) or as a database login acting as itself (its group). Refused by
@@ -58,7 +58,7 @@ def test_the_submitter_cannot_approve_their_own_deployment(world, check):
     protected(world)
     job = deploy(world, "qa", by="alice")
     if check == "over-privileged":
-        world.conn.execute(variants.variant_sql(world.conn, "pgd_check_approver", [NO_SELF_CHECK]))
+        world.conn.execute(variants.variant_sql(world.conn, "pgd_approver_refusal", [NO_SELF_CHECK]))
         assert approve_in_sql(world.conn, job["id"], "alice")["state"] == "queued"  # the test would fail
         return
     with pytest.raises(psycopg.Error) as refused, world.conn.transaction():
@@ -83,7 +83,7 @@ def test_an_operator_cannot_approve_where_an_admin_is_required(world, check):
     protected(world)
     job = deploy(world, "production", by="alice")
     if check == "over-privileged":
-        world.conn.execute(variants.variant_sql(world.conn, "pgd_check_approver", [NO_ROLE_CHECK]))
+        world.conn.execute(variants.variant_sql(world.conn, "pgd_approver_refusal", [NO_ROLE_CHECK]))
         assert approve_in_sql(world.conn, job["id"], "bob")["state"] == "queued"  # the test would fail
         return
     for actor, role in (("bob", "is an operator"), ("vera", "is a viewer"), ("mallory", "has no role")):

@@ -125,7 +125,8 @@ def action_paths(stage) -> list[str]:
     return ["/api/v1/jobs", f"/api/v1/jobs/{stage['job']}/cancel",
             f"/api/v1/jobs/{stage['job']}/approve", f"/api/v1/jobs/{stage['lost']}/retry",
             "/api/v1/projects/web/pause", "/api/v1/projects/web/resume",
-            "/api/v1/targets/production/resolve"]
+            "/api/v1/targets/production/resolve", f"/api/v1/jobs/{stage['job']}/priority",
+            "/api/v1/jobs/bulk"]
 
 
 @pytest.mark.parametrize("raw, content_type, statuses, fragment", UNREADABLE)
@@ -274,6 +275,7 @@ PATHS = [
     ("GET", "/api/v1/jobs/search"), ("GET", "/api/v1/jobs/search?q=ab"),
     ("GET", "/api/v1/jobs/search?q=%00make"), ("GET", "/api/v1/jobs/search?q=make&project=nope"),
     ("GET", "/api/v1/jobs/search?q=make&before_id=0"),
+    ("POST", f"/api/v1/jobs/{2**63}/priority"), ("POST", "/api/v1/jobs/bulk?dry_run=1"),
 ]
 
 

@@ -54,7 +54,8 @@ def stage(world, accounts):
     accounts("alice", "bob", "victor", "ada")
     jobs = {name: world.job(requires_approval=(name.endswith("approve")))["id"]
             for name in ("console_approve", "console_cancel", "console_retry",
-                         "api_approve", "api_cancel", "api_retry")}
+                         "api_approve", "api_cancel", "api_retry", "console_bulk", "api_bulk",
+                         "console_priority", "api_priority")}
     for name in ("console_retry", "api_retry"):
         transitions.cancel_job(world.conn, job_id=jobs[name], actor="test")
     token_id = world.conn.execute(
@@ -109,6 +110,13 @@ def test_every_post_route_writes_an_audit_event(app, signed_in, stage, world):
                                           expected_max_running="", expected_weight="1"), "ada"),
         "admin.set_pool_slots": (lambda rule: form(admin, slots="7", expected_slots="100")(
             rule, name="linux"), "ada"),
+        "jobs.bulk_apply": (form(operator, action="cancel", jobs=f"{jobs['console_bulk']}:0"), "alice"),
+        "jobs.set_priority": (lambda rule: form(operator, priority="3")(
+            rule, job_id=jobs["console_priority"]), "alice"),
+        "api.bulk_jobs": (api({"action": "cancel", "dry_run": False, "job_ids": [jobs["api_bulk"]]}),
+                          "alice"),
+        "api.set_job_priority": (lambda rule: api({"priority": 4}, job_id=jobs["api_priority"])(rule),
+                                 "alice"),
         "api.submit_job": (api({"project": "web", "pool": "linux", "command": ["make"]}), "alice"),
         "api.cancel_job": (lambda rule: api(job_id=jobs["api_cancel"])(rule), "alice"),
         "api.approve_job": (lambda rule: api(job_id=jobs["api_approve"])(rule), "alice"),

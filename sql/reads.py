@@ -541,11 +541,10 @@ def search_jobs(conn, *, q: str, project: str | None = None, submitter: str | No
         if len(probe["ids"]) >= limit or probe["examined"] < SEARCH_PROBE_ROWS:
             found = list(probe["ids"][:limit])
     if found is None and pattern is not None:
+        # set back on success; an error aborts the transaction, which undoes SET LOCAL itself
         saved = Q.begin_job_search(conn)
-        try:
-            rows = list(Q.search_jobs(conn, pattern=pattern, ids=None, limit=limit, **filters))
-        finally:
-            Q.end_job_search(conn, indexscan=saved["indexscan"], seqscan=saved["seqscan"])
+        rows = list(Q.search_jobs(conn, pattern=pattern, ids=None, limit=limit, **filters))
+        Q.end_job_search(conn, indexscan=saved["indexscan"], seqscan=saved["seqscan"])
     else:
         rows = list(Q.search_jobs(conn, pattern=None, ids=found, limit=limit, **filters))
     commands = [r for r in rows if r["match"] == "command"]

@@ -60,7 +60,7 @@ def test_pause_and_resume_are_conditional_and_the_loser_hears_who_and_when(world
     world.setup()
     transitions.pause_pool(world.conn, pool="linux", reason="maintenance", actor="alice")
     with pytest.raises(AlreadyResolved,
-                       match=rf"pool linux is already paused by alice at .* UTC: maintenance"), \
+                       match=r"pool linux is already paused by alice at .* UTC: maintenance"), \
             world.conn.transaction():
         transitions.pause_pool(world.conn, pool="linux", reason="me too", actor="bob")
     transitions.resume_pool(world.conn, pool="linux", actor="alice")

@@ -733,7 +733,20 @@ def runners() -> None:
 def _runner_state(r: dict[str, Any]) -> str:
     if r["stopped_at"]:
         return r.get("stop_reason") or "stopped"
-    return ("draining" if r["draining"] else "live") if r["is_live"] else "silent"
+    if not r["is_live"]:
+        return "silent" + (f", {r['drain_state']}" if r.get("drain_state") else "")
+    if r["draining"]:
+        return "draining"
+    return r.get("drain_state") or "live"
+
+
+def _drain(r: dict[str, Any]) -> str | None:
+    if not r.get("drain_requested_at"):
+        return None
+    deadline = (f"; builds handed back at {_when(r['drain_deadline'])}" if r["drain_deadline"]
+                else "; no deadline")
+    return (f"{r['drain_state']}: by {r['drain_requested_by']} at {_when(r['drain_requested_at'])}: "
+            f"{r['drain_reason']}{deadline}")
 
 
 def _runners_table(rows: list[dict[str, Any]]) -> None:
@@ -779,7 +792,8 @@ def runners_show(obj: Context, runner_id: int, as_json: bool) -> None:
              else ", ".join(r["granted_pools"]) or "none"),
             ("runner slots", f"{r['slots_used']} of {r['slots']} busy"),
             ("started", _when(r["started_at"])), ("last beat", _when(r["last_heartbeat_at"])),
-            ("stopped", _when(r["stopped_at"]) if r["stopped_at"] else None)])
+            ("stopped", _when(r["stopped_at"]) if r["stopped_at"] else None),
+            ("drain", _drain(r))])
     _running_table(r["running_jobs"])
 
 

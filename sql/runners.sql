@@ -40,6 +40,10 @@ SELECT pgd_run_cleanup(:runner_id, :term, :batch);
 SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
        r.stopped_at, r.stop_reason, r.login, pgd_login_is_unbound(r.login) AS is_unbound,
        r.drain_requested_at, r.drain_requested_by, r.drain_reason, r.drain_deadline,
+       -- an operator's drain: draining while it still runs a job, drained once it runs none
+       CASE WHEN r.drain_requested_at IS NULL THEN NULL
+            WHEN EXISTS (SELECT 1 FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running')
+            THEN 'draining' ELSE 'drained' END AS drain_state,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
        ARRAY(SELECT q.name FROM pools q
               WHERE q.id = ANY (pgd_runner_login_pools(r.login)) ORDER BY q.name) AS granted_pools,
@@ -66,6 +70,10 @@ SELECT d.duty, d.runner_id, r.name AS runner_name, d.term, d.held_since, d.expir
 SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
        r.stopped_at, r.stop_reason, r.login, pgd_login_is_unbound(r.login) AS is_unbound,
        r.drain_requested_at, r.drain_requested_by, r.drain_reason, r.drain_deadline,
+       -- an operator's drain: draining while it still runs a job, drained once it runs none
+       CASE WHEN r.drain_requested_at IS NULL THEN NULL
+            WHEN EXISTS (SELECT 1 FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running')
+            THEN 'draining' ELSE 'drained' END AS drain_state,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (g.pool_ids) ORDER BY q.name) AS granted_pools,
        ARRAY(SELECT q.name FROM pools q
@@ -102,6 +110,10 @@ WITH shown AS (
 SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
        r.stopped_at, r.stop_reason, r.login, pgd_login_is_unbound(r.login) AS is_unbound,
        r.drain_requested_at, r.drain_requested_by, r.drain_reason, r.drain_deadline,
+       -- an operator's drain: draining while it still runs a job, drained once it runs none
+       CASE WHEN r.drain_requested_at IS NULL THEN NULL
+            WHEN EXISTS (SELECT 1 FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running')
+            THEN 'draining' ELSE 'drained' END AS drain_state,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (g.pool_ids) ORDER BY q.name) AS granted_pools,
        ARRAY(SELECT q.name FROM pools q
@@ -124,6 +136,10 @@ SELECT count(*) FROM runners WHERE stopped_at IS NOT NULL;
 SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
        r.stopped_at, r.stop_reason, r.login, pgd_login_is_unbound(r.login) AS is_unbound,
        r.drain_requested_at, r.drain_requested_by, r.drain_reason, r.drain_deadline,
+       -- an operator's drain: draining while it still runs a job, drained once it runs none
+       CASE WHEN r.drain_requested_at IS NULL THEN NULL
+            WHEN EXISTS (SELECT 1 FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running')
+            THEN 'draining' ELSE 'drained' END AS drain_state,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (g.pool_ids) ORDER BY q.name) AS granted_pools,
        ARRAY(SELECT q.name FROM pools q

@@ -680,7 +680,7 @@ def targets_show(obj: Context, name: str, as_json: bool) -> None:
 
 @cli.group()
 def pools() -> None:
-    """Runner pools."""
+    """Runner pools: list, show, pause and resume."""
 
 
 @pools.command("list")
@@ -699,7 +699,8 @@ def pools_list(obj: Context, as_json: bool) -> None:
                  ("POOL SLOTS", lambda q: f"{q['running']} of {q['slots']} taken"),
                  ("RUNNER SLOTS", lambda q: f"{q['runner_slots'] - q['free_runner_slots']} of "
                                             f"{q['runner_slots']} busy" if q["runner_slots"]
-                  else "no live runner")], empty="no pools")
+                  else "no live runner"),
+                 ("PAUSED", lambda q: _cut(_paused(q), 60))], empty="no pools")
 
 
 @pools.command("show")
@@ -718,16 +719,85 @@ def pools_show(obj: Context, name: str, as_json: bool) -> None:
     fields([("pool", q["name"]), ("pool slots", f"{q['running']} of {q['slots']} taken"),
             ("runner slots", f"{q['runner_slots'] - q['free_runner_slots']} of {q['runner_slots']} busy, "
                              f"on {len(q['runners'])} live runner(s)" if q["runner_slots"]
-             else "no live runner serves it")])
+             else "no live runner serves it"), ("paused", _paused(q))])
     if q["runners"]:
         click.echo("")
         _runners_table(q["runners"])
     _running_table(q["running_jobs"])
 
 
+@pools.command("pause")
+@click.argument("name")
+@click.option("--reason", required=True, help="Why (shown to operators, audited).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def pools_pause(obj: Context, name: str, reason: str, as_json: bool) -> None:
+    """Pause a pool: no claim takes from it (running jobs go on); its jobs wait with reason
+    pool_paused."""
+    from pgdispatch.sql import transitions
+
+    with obj.connect() as conn:
+        result = transitions.pause_pool(conn, pool=name, reason=reason, actor=None)
+    emit(result) if as_json else click.echo(f"pool {name} paused")
+
+
+@pools.command("resume")
+@click.argument("name")
+@click.option("--reason", default=None, help="Why (audited).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def pools_resume(obj: Context, name: str, reason: str | None, as_json: bool) -> None:
+    """Resume a paused pool."""
+    from pgdispatch.sql import transitions
+
+    with obj.connect() as conn:
+        result = transitions.resume_pool(conn, pool=name, reason=reason, actor=None)
+    emit(result) if as_json else click.echo(f"pool {name} resumed")
+
+
 @cli.group()
 def runners() -> None:
-    """Scheduler processes (runners)."""
+    """Scheduler processes (runners): list, show, drain and resume."""
+
+
+@runners.command("drain")
+@click.argument("runner_id", type=IntRange(1, MAX_BIGINT))
+@click.option("--deadline", "deadline_seconds", type=IntRange(0, 604800), default=None,
+              metavar="SECONDS",
+              help="After this long its running builds are handed back (re-queued, no failure "
+                   "counted) to run elsewhere; deployments are never cut. Default: none.")
+@click.option("--reason", required=True, help="Why (shown to operators, audited).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def runners_drain(obj: Context, runner_id: int, deadline_seconds: int | None, reason: str,
+                  as_json: bool) -> None:
+    """Drain a runner: it takes nothing new and finishes what it runs (its scheduler learns
+    it on its next beat), then shows drained."""
+    from pgdispatch.sql import transitions
+
+    with obj.connect() as conn:
+        result = transitions.drain_runner(conn, runner_id=runner_id, reason=reason, actor=None,
+                                          deadline_seconds=deadline_seconds)
+    if as_json:
+        emit(result)
+        return
+    click.echo(f"runner {runner_id} drained" + (
+        f"; its builds are handed back after {deadline_seconds} s" if deadline_seconds is not None
+        else ""))
+
+
+@runners.command("resume")
+@click.argument("runner_id", type=IntRange(1, MAX_BIGINT))
+@click.option("--reason", default=None, help="Why (audited).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def runners_resume(obj: Context, runner_id: int, reason: str | None, as_json: bool) -> None:
+    """Resume a drained runner: it claims again."""
+    from pgdispatch.sql import transitions
+
+    with obj.connect() as conn:
+        result = transitions.resume_runner(conn, runner_id=runner_id, reason=reason, actor=None)
+    emit(result) if as_json else click.echo(f"runner {runner_id} resumed")
 
 
 def _runner_state(r: dict[str, Any]) -> str:

@@ -3,11 +3,12 @@
 --
 -- pgd_claim (one job) and pgd_claim_batch (up to 1000 builds of one project and pool) walk
 -- pgd_claim_candidates in fairness order. Locks are taken in the documented order (docs/
--- design.md, "Lock order"): job (FOR NO KEY UPDATE SKIP LOCKED: a job another claimer is
+-- design.md, "Lock order"): the runner claim lock (shared: an operator's drain waits for the
+-- claims in flight, pgd_runner_lock_class below) -> job (FOR NO KEY UPDATE SKIP LOCKED: a job another claimer is
 -- taking is passed, never waited for) -> target (a deployment's, only while free) -> the
 -- project claim lock -> the project row (SKIP LOCKED, for the last_claimed_at stamp) ->
--- organization stripes -> pool stripes (SKIP LOCKED; sql/functions/capacity.sql) -> the
--- attempt rows -> the claim token lock (below). The shared rows come last, so that they are
+-- organization stripes -> pool stripes (SKIP LOCKED; sql/functions/capacity.sql; then the
+-- pool's pause is re-read: pgd_pool_is_paused) -> the attempt rows -> the claim token lock (below). The shared rows come last, so that they are
 -- held only from their update to the commit. Times come from the database clock, never the
 -- caller's.
 --

@@ -817,7 +817,7 @@ def targets_show(obj: Context, name: str, as_json: bool) -> None:
 
 @cli.group()
 def pools() -> None:
-    """Runner pools."""
+    """Runner pools: list, show, pause and resume."""
 
 
 @pools.command("list")
@@ -836,7 +836,8 @@ def pools_list(obj: Context, as_json: bool) -> None:
                  ("POOL SLOTS", lambda q: f"{q['running']} of {q['slots']} taken"),
                  ("RUNNER SLOTS", lambda q: f"{q['runner_slots'] - q['free_runner_slots']} of "
                                             f"{q['runner_slots']} busy" if q["runner_slots"]
-                  else "no live runner")], empty="no pools")
+                  else "no live runner"),
+                 ("PAUSED", lambda q: _cut(_paused(q), 60))], empty="no pools")
 
 
 @pools.command("show")
@@ -855,22 +856,104 @@ def pools_show(obj: Context, name: str, as_json: bool) -> None:
     fields([("pool", q["name"]), ("pool slots", f"{q['running']} of {q['slots']} taken"),
             ("runner slots", f"{q['runner_slots'] - q['free_runner_slots']} of {q['runner_slots']} busy, "
                              f"on {len(q['runners'])} live runner(s)" if q["runner_slots"]
-             else "no live runner serves it")])
+             else "no live runner serves it"), ("paused", _paused(q))])
     if q["runners"]:
         click.echo("")
         _runners_table(q["runners"])
     _running_table(q["running_jobs"])
 
 
+@pools.command("pause")
+@click.argument("name")
+@click.option("--reason", required=True, help="Why (shown to operators, audited).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def pools_pause(obj: Context, name: str, reason: str, as_json: bool) -> None:
+    """Pause a pool: no claim takes from it (running jobs go on); its jobs wait with reason
+    pool_paused."""
+    from pgdispatch.sql import transitions
+
+    with obj.connect() as conn:
+        result = transitions.pause_pool(conn, pool=name, reason=reason, actor=None)
+    emit(result) if as_json else click.echo(f"pool {name} paused")
+
+
+@pools.command("resume")
+@click.argument("name")
+@click.option("--reason", default=None, help="Why (audited).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def pools_resume(obj: Context, name: str, reason: str | None, as_json: bool) -> None:
+    """Resume a paused pool."""
+    from pgdispatch.sql import transitions
+
+    with obj.connect() as conn:
+        result = transitions.resume_pool(conn, pool=name, reason=reason, actor=None)
+    emit(result) if as_json else click.echo(f"pool {name} resumed")
+
+
 @cli.group()
 def runners() -> None:
-    """Scheduler processes (runners)."""
+    """Scheduler processes (runners): list, show, drain and resume."""
+
+
+@runners.command("drain")
+@click.argument("runner_id", type=IntRange(1, MAX_BIGINT))
+@click.option("--deadline", "deadline_seconds", type=IntRange(0, 604800), default=None,
+              metavar="SECONDS",
+              help="After this long its running builds are handed back (re-queued, no failure "
+                   "counted) to run elsewhere; deployments are never cut. Default: none.")
+@click.option("--reason", required=True, help="Why (shown to operators, audited).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def runners_drain(obj: Context, runner_id: int, deadline_seconds: int | None, reason: str,
+                  as_json: bool) -> None:
+    """Drain a runner: it takes nothing new and finishes what it runs (its scheduler learns
+    it on its next beat), then shows drained."""
+    from pgdispatch.sql import transitions
+
+    with obj.connect() as conn:
+        result = transitions.drain_runner(conn, runner_id=runner_id, reason=reason, actor=None,
+                                          deadline_seconds=deadline_seconds)
+    if as_json:
+        emit(result)
+        return
+    click.echo(f"runner {runner_id} drained" + (
+        f"; its builds are handed back after {deadline_seconds} s" if deadline_seconds is not None
+        else ""))
+
+
+@runners.command("resume")
+@click.argument("runner_id", type=IntRange(1, MAX_BIGINT))
+@click.option("--reason", default=None, help="Why (audited).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def runners_resume(obj: Context, runner_id: int, reason: str | None, as_json: bool) -> None:
+    """Resume a drained runner: it claims again."""
+    from pgdispatch.sql import transitions
+
+    with obj.connect() as conn:
+        result = transitions.resume_runner(conn, runner_id=runner_id, reason=reason, actor=None)
+    emit(result) if as_json else click.echo(f"runner {runner_id} resumed")
 
 
 def _runner_state(r: dict[str, Any]) -> str:
     if r["stopped_at"]:
         return r.get("stop_reason") or "stopped"
-    return ("draining" if r["draining"] else "live") if r["is_live"] else "silent"
+    if not r["is_live"]:
+        return "silent" + (f", {r['drain_state']}" if r.get("drain_state") else "")
+    if r["draining"]:
+        return "draining"
+    return r.get("drain_state") or "live"
+
+
+def _drain(r: dict[str, Any]) -> str | None:
+    if not r.get("drain_requested_at"):
+        return None
+    deadline = (f"; builds handed back at {_when(r['drain_deadline'])}" if r["drain_deadline"]
+                else "; no deadline")
+    return (f"{r['drain_state']}: by {r['drain_requested_by']} at {_when(r['drain_requested_at'])}: "
+            f"{r['drain_reason']}{deadline}")
 
 
 def _runners_table(rows: list[dict[str, Any]]) -> None:
@@ -916,7 +999,8 @@ def runners_show(obj: Context, runner_id: int, as_json: bool) -> None:
              else ", ".join(r["granted_pools"]) or "none"),
             ("runner slots", f"{r['slots_used']} of {r['slots']} busy"),
             ("started", _when(r["started_at"])), ("last beat", _when(r["last_heartbeat_at"])),
-            ("stopped", _when(r["stopped_at"]) if r["stopped_at"] else None)])
+            ("stopped", _when(r["stopped_at"]) if r["stopped_at"] else None),
+            ("drain", _drain(r))])
     _running_table(r["running_jobs"])
 
 

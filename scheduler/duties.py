@@ -55,12 +55,16 @@ class Duties:
         is_draining: called at each beat; True makes the beat release every duty held.
         reschedule(delay_seconds): asks for the next beat that many seconds from now
             (main.py moves the APScheduler job); None in tests that beat by hand.
+        on_answer(rows): called with every beat's answer (the duty rows, which carry the
+            operator's drain of this runner: main.py learns a drain and a resume there).
     """
 
     def __init__(self, pool, settings: Settings, *, runner_id: int,
                  is_draining: Callable[[], bool] = lambda: False,
-                 reschedule: Callable[[float], None] | None = None):
+                 reschedule: Callable[[float], None] | None = None,
+                 on_answer: Callable[[list[dict[str, Any]]], None] | None = None):
         self.pool = pool
+        self.on_answer = on_answer
         self.settings = settings
         self.runner_id = runner_id
         self.is_draining = is_draining
@@ -93,6 +97,8 @@ class Duties:
                                duty_lease_seconds=s.duty_lease_seconds)
         self._learn(rows, sent)
         self._schedule(self.next_beat_delay())
+        if self.on_answer is not None:
+            self.on_answer(rows)
         return rows
 
     def _learn(self, rows: list[dict[str, Any]], sent: float) -> None:

@@ -31,7 +31,9 @@ Stopping rules (DESIGN.md, "Transitions"):
   clock from the moment the last successful heartbeat — or the claim — was *sent*): the lease
   may be gone and another runner may take the job, so SIGKILL at once and report nothing.
 * shutdown (``request_stop``): SIGTERM, then SIGKILL; a build is reported ``handed_back``
-  (re-queued, not a failure), a deployment ``lost`` (its outcome is unknown).
+  (re-queued, not a failure), a deployment ``lost`` (its outcome is unknown). An operator's
+  drain past its deadline stops only builds this way (scheduler/main.py): a drain never
+  cuts a deployment.
 """
 
 from __future__ import annotations
@@ -128,6 +130,7 @@ class Execution:
         self.result: ExecutionResult | None = None
         self.done = threading.Event()
         self._abandon = threading.Event()
+        self._stop_why: str | None = None
         self._supervisor = Supervisor(claim, settings=settings,
                                       kill_grace_seconds=kill_grace_seconds)
         self._thread = threading.Thread(target=self._run, name=f"job-{claim.job_id}", daemon=True)
@@ -136,9 +139,13 @@ class Execution:
         """Start running the claim on a new thread."""
         self._thread.start()
 
-    def request_stop(self, *, hurry: bool = False) -> None:
+    def request_stop(self, *, hurry: bool = False, why: str | None = None) -> None:
         """Stop the command for a shutdown: SIGTERM, then SIGKILL after kill_grace_seconds
-        (at once with ``hurry``); a build is then reported handed_back, a deployment lost."""
+        (at once with ``hurry``); a build is then reported handed_back, a deployment lost.
+        ``why``: the error text a build's hand-back is reported with (default: the
+        scheduler stopped); an operator's drain past its deadline says so."""
+        if why is not None and self._stop_why is None:
+            self._stop_why = why
         self._supervisor.request_stop(hurry=hurry)
 
     def abandon(self) -> None:
@@ -239,6 +246,8 @@ class Execution:
             return ExecutionResult(claim, proc.pid, None, exit_code, None, output, stop_reason,
                                    False, None, time.monotonic() - started)
         outcome, error = _outcome_of(claim, stop_reason, exit_code)
+        if outcome == "handed_back" and self._stop_why is not None:
+            error = self._stop_why
         # The heartbeats go on until the report is answered: a report that waits (a stalled
         # connection, an outage, a retry) must not let the lease lapse under a job whose
         # command has ended with a true outcome to record.

@@ -12,6 +12,15 @@ Shutdown (SIGTERM or SIGINT, or ``stop_event``): stop claiming and mark the runn
 let running jobs finish within the grace period, then stop the rest — a build is handed back
 (re-queued, not a failure), a deployment reported lost (its outcome is unknown) — and mark
 the runner stopped. A second signal skips the rest of the grace period and kills at once.
+
+An operator's drain (pgd_drain_runner: console, CLI, API) is learnt from the database with
+the next beat (the beat's answer carries it: sql/runners.sql, beat_runner), no signal: the
+scheduler stops claiming (the database refuses its claims already) and ignores wake-ups,
+lets its jobs finish, and once the drain's deadline passes (timed from the beat's db_now on
+the monotonic clock) stops its running *builds* through the shutdown path, so each is
+handed back (re-queued, no failure counted) and runs elsewhere; a deployment is never cut
+by a drain. A resume is learnt the same way, or at once: its NOTIFY on this runner's
+channel makes a wake-up, which while drained asks for a beat now instead of a claim.
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ log = logging.getLogger(__name__)
 
 CLAIM_JOB = "claim"
 BEAT_JOB = "runner"
+DRAIN_DEADLINE_JOB = "drain-deadline"
 
 
 def default_runner_name() -> str:
@@ -117,6 +127,10 @@ class Scheduler:
         self._watchdog: Watchdog | None = None
         self._changed = threading.Condition()
         self._is_draining = False
+        # an operator's drain, as the last beat said it (None: not drained), and the
+        # monotonic time its deadline passes (None: no deadline)
+        self._drain: dict | None = None
+        self._drain_deadline: float | None = None
         self._is_closed = False
         # Held while a beat moves its own APScheduler job, and while stop() marks the
         # scheduler closed: APScheduler's shutdown(wait=True) holds its job-store lock while
@@ -160,7 +174,7 @@ class Scheduler:
         s = self.settings
         self._duties = Duties(self._db, s, runner_id=self.runner_id,
                               is_draining=lambda: self._is_draining,
-                              reschedule=self._reschedule_beat)
+                              reschedule=self._reschedule_beat, on_answer=self._learn_drain)
         try:  # take the lapsed duties now, so that the duty jobs' first runs do them
             self._duties.beat()
         except Exception as exc:  # DatabaseUnavailable and kin: the beat job retries
@@ -168,7 +182,7 @@ class Scheduler:
         self._reporter = CompletionReporter(self._db, s, max_batch=self.max_batch)
         self._claimer = Claimer(self._db, s, runner_id=self.runner_id, pool_ids=self.pool_ids,
                                 free_slots=self.free_slots, launch=self._launch,
-                                is_draining=lambda: self._is_draining, max_batch=self.max_batch)
+                                is_draining=self.is_claiming_stopped, max_batch=self.max_batch)
         aps = BackgroundScheduler(
             timezone=dt.timezone.utc, executors={"default": ThreadPoolExecutor(max_workers=8)},
             job_defaults={"coalesce": True, "misfire_grace_time": None})
@@ -195,6 +209,7 @@ class Scheduler:
                         max_instances=4, **kwargs)
         self._aps = aps  # before start: the first beat reschedules itself through it
         aps.start()
+        self._arm_drain_deadline()  # drained before it started: the first beat said so
         if self.listen:
             self._listener = threading.Thread(
                 target=listen_for_work, name="wakeup-listener", daemon=True,
@@ -310,10 +325,91 @@ class Scheduler:
         with self._changed:
             return self.slots - len(self._active)
 
+    def is_claiming_stopped(self) -> bool:
+        """Whether this scheduler claims nothing now: it is shutting down, or an operator
+        drained it (as its last beat said)."""
+        return self._is_draining or self._drain is not None
+
+    @property
+    def operator_drain(self) -> dict | None:
+        """The operator's drain of this runner as the last beat said it ({"drain_requested_at",
+        "drain_requested_by", "drain_reason", "drain_deadline"}), or None."""
+        return self._drain
+
+    def _learn_drain(self, rows: list[dict]) -> None:
+        """A beat's answer: start or end an operator's drain, and time its deadline."""
+        row = rows[0] if rows else None
+        if row is None or "drain_requested_at" not in row:
+            return
+        if row["drain_requested_at"] is None:
+            if self._drain is not None:
+                log.info("runner %d resumed by an operator: claiming again", self.runner_id)
+                self._drain = None
+                self._drain_deadline = None
+                self._remove_job(DRAIN_DEADLINE_JOB)
+                self.wake_claimer()
+            return
+        drain = {k: row[k] for k in ("drain_requested_at", "drain_requested_by", "drain_reason",
+                                     "drain_deadline")}
+        if drain == self._drain:
+            return
+        self._drain = drain
+        if drain["drain_deadline"] is None:
+            self._drain_deadline = None
+            self._remove_job(DRAIN_DEADLINE_JOB)
+            left = None
+        else:
+            left = max(0.0, (drain["drain_deadline"] - row["db_now"]).total_seconds())
+            self._drain_deadline = time.monotonic() + left
+            self._arm_drain_deadline()
+        log.info("runner %d drained by %s (%s): claiming nothing, %d job(s) running%s",
+                 self.runner_id, drain["drain_requested_by"], drain["drain_reason"],
+                 len(self.running()),
+                 "" if left is None else f"; builds handed back in {left:.0f} s")
+
+    def _arm_drain_deadline(self) -> None:
+        """Run _hand_back_builds when the drain's deadline passes (once the jobs run: the
+        first beat comes before them, and start() arms it then)."""
+        if self._drain_deadline is None or self._aps is None or self._is_closed:
+            return
+        left = max(0.0, self._drain_deadline - time.monotonic())
+        self._aps.add_job(self._hand_back_builds, "date", id=DRAIN_DEADLINE_JOB,
+                          name=DRAIN_DEADLINE_JOB, replace_existing=True,
+                          run_date=dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=left))
+
+    def _is_past_drain_deadline(self) -> bool:
+        return (self._drain is not None and self._drain_deadline is not None
+                and time.monotonic() >= self._drain_deadline)
+
+    def _hand_back_builds(self) -> None:
+        """The drain's deadline passed: stop every running build (handed back, re-queued, no
+        failure counted). Deployments go on: a drain never cuts one."""
+        if not self._is_past_drain_deadline():
+            return  # resumed meanwhile, or the deadline moved
+        builds = [e for e in self.running() if not e.claim.is_deployment]
+        if builds:
+            log.info("drain deadline passed: handing back %d build(s)", len(builds))
+        for e in builds:
+            e.request_stop(why=f"runner drained by {self._drain['drain_requested_by']} "
+                               f"({self._drain['drain_reason']}); handed back at its deadline")
+
+    def _remove_job(self, job_id: str) -> None:
+        if self._aps is None:
+            return
+        try:
+            self._aps.remove_job(job_id)
+        except JobLookupError:
+            pass
+
     def wake_claimer(self) -> None:
         """Run the claim job now instead of at its next interval: work is known to be
-        waiting (a wake-up heard, or a slot freed while work was waiting)."""
+        waiting (a wake-up heard, or a slot freed while work was waiting). While an operator's
+        drain holds, a wake-up (a resume's NOTIFY among them) asks for a beat now instead,
+        which learns whether the drain still holds."""
         if self._is_draining or self._aps is None:
+            return
+        if self._drain is not None:
+            self._reschedule_beat(0)
             return
         if self._claimer is not None:
             self._claimer.note_wakeup()  # back to fast polling (scheduler/claiming.py)
@@ -339,6 +435,8 @@ class Scheduler:
         execution.start()
         if self._is_draining:
             execution.request_stop()
+        elif self._is_past_drain_deadline() and not claim.is_deployment:
+            execution.request_stop(why="runner drained past its deadline; handed back")
 
     def _completed(self, result: ExecutionResult) -> None:
         with self._changed:

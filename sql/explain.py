@@ -20,14 +20,14 @@ from .queries import Q
 # a job is its primary one; counts, filters and metrics count a job under each of its
 # reasons, with the primary counts beside them (docs/design.md).
 REASON_CODES = (
-    "dependency_pending", "approval_required", "project_paused", "retry_delayed",
+    "dependency_pending", "approval_required", "project_paused", "pool_paused", "retry_delayed",
     "no_authorized_runner", "capacity_organization", "capacity_project", "capacity_pool",
     "target_held", "target_uncertain", "runners_busy", "ready",
 )
 WAITING_STATES = ("blocked", "queued", "uncertain")
 # Reasons that hold for every waiting job of a (project, pool) alike, judged at read time
 # from the small tables; the others are the job's own (its row, its target).
-GROUP_REASONS = ("project_paused", "no_authorized_runner", "capacity_organization",
+GROUP_REASONS = ("project_paused", "pool_paused", "no_authorized_runner", "capacity_organization",
                  "capacity_project", "capacity_pool")
 # What a job with no other reason is: waiting for a runner slot, or next in line.
 LAST_REASONS = ("runners_busy", "ready")
@@ -142,6 +142,13 @@ def reasons_for(job: dict[str, Any], world: World,
                           {"project": project["name"], "paused_by": project["paused_by"],
                            "paused_at": project["paused_at"].isoformat(),
                            "reason": project["pause_reason"]}))
+    if pool.get("paused_at") is not None:
+        out.append(Reason("pool_paused",
+                          f"pool {pool['name']} paused by {pool['paused_by']} at "
+                          f"{_hhmm(pool['paused_at'])}: {pool['pause_reason']}",
+                          {"pool": pool["name"], "paused_by": pool["paused_by"],
+                           "paused_at": pool["paused_at"].isoformat(),
+                           "reason": pool["pause_reason"]}))
     if state == "queued" and job["ready_at"] > world.now:
         wait = (job["ready_at"] - world.now).total_seconds()
         failures = job.get("failures", 0)
@@ -270,7 +277,7 @@ def summary_reason_counts(summaries: list[dict[str, Any]], world: World) -> dict
     summary: ``{code: n}`` for every code of REASON_CODES; the counts sum to the waiting jobs.
 
     Blocked jobs split by their durable blocker; in a paused project every queued job is
-    ``project_paused``; otherwise delayed jobs are ``retry_delayed``, and the ready ones of a
+    ``project_paused``, else in a paused pool ``pool_paused``; otherwise delayed jobs are ``retry_delayed``, and the ready ones of a
     (project, pool) take the first group-level reason that holds (no runner, capacity), else
     those waiting on their target count as such, the rest ``runners_busy`` or ``ready``.
     """
@@ -281,8 +288,8 @@ def summary_reason_counts(summaries: list[dict[str, Any]], world: World) -> dict
         codes = _group_codes(s, world)
         if codes is None:
             continue
-        if codes[0] == "project_paused":
-            counts["project_paused"] += s["queued_delayed"] + s["queued_ready"]
+        if codes[0] in ("project_paused", "pool_paused"):
+            counts[codes[0]] += s["queued_delayed"] + s["queued_ready"]
             continue
         counts["retry_delayed"] += s["queued_delayed"]
         if codes[0] in LAST_REASONS:

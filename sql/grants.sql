@@ -29,6 +29,8 @@ GRANT EXECUTE ON FUNCTION pgd_run_summaries, pgd_expiry_done, pgd_run_cleanup,
     TO pgdispatch_scheduler;
 -- the wake-up listener's registration (sql/functions/wakeups.sql)
 GRANT EXECUTE ON FUNCTION pgd_listen_runner TO pgdispatch_scheduler;
+-- an operator's drain of the runner, read with each beat (sql/functions/runners.sql)
+GRANT EXECUTE ON FUNCTION pgd_runner_drain TO pgdispatch_scheduler;
 
 -- Reader (dashboards, metrics; and the base of a person's CLI login): what the console
 -- shows, never a secret: users without password_hash, api_tokens without token_hash.
@@ -59,7 +61,8 @@ GRANT EXECUTE ON FUNCTION pgd_runner_login_pools, pgd_login_is_unbound, pgd_logi
 -- actions, an expiry pass. pgd_authorize makes the login the actor.
 GRANT EXECUTE ON FUNCTION pgd_submit, pgd_pause_project, pgd_resume_project, pgd_approve_job,
                           pgd_cancel_job, pgd_retry_job, pgd_set_priority, pgd_resolve_target,
-                          pgd_bulk_begin, pgd_bulk_apply
+                          pgd_bulk_begin, pgd_bulk_apply,
+                          pgd_pause_pool, pgd_resume_pool, pgd_drain_runner, pgd_resume_runner
     TO pgdispatch_operator, pgdispatch_web;
 GRANT EXECUTE ON FUNCTION pgd_expire_one TO pgdispatch_operator;
 

@@ -37,7 +37,7 @@ def world_from_inputs(inputs: dict[str, Any]) -> tuple[list[dict[str, Any]], Wor
         now=_ts(inputs["now"]),
         organizations={o["id"]: o for o in inputs["organizations"]},
         projects=projects,
-        pools={q["id"]: q for q in inputs["pools"]},
+        pools={q["id"]: {**q, "paused_at": _ts(q.get("paused_at"))} for q in inputs["pools"]},
         targets={},  # a summary row's probe has no target (explain.summary_reason_counts)
         grants={(g[0], g[1]) for g in inputs["grants"]},
         live_pools={r["pool_id"] for r in live if r["runner_slots"] > 0},

@@ -69,7 +69,8 @@ UPGRADE_LOCK_SQL = "SELECT pg_advisory_xact_lock(%s)"
 # UPGRADE_TRIES times. While a try waits, the tables it already holds hold transitions off,
 # up to LOCK_TIMEOUT each try: behind a transaction that never ends, claims stall for about
 # a minute in all before the upgrade gives up (run it again when that transaction is gone).
-UPGRADE_LOCKS = ("jobs", "targets", "attempts", "projects", "organizations", "pools",
+# runners comes first: a claim reads its runner row (its drain) before it locks any job.
+UPGRADE_LOCKS = ("runners", "jobs", "targets", "attempts", "projects", "organizations", "pools",
                  "capacity_stripes", "capacity_debts", "delivery_receipts", "audit_events")
 LOCK_TIMEOUT = "5s"
 RETRY_SQLSTATES = {"40P01", "55P03"}

@@ -20,8 +20,10 @@ SELECT p.id, p.name, p.organization_id, o.name AS organization, p.weight, p.max_
 SELECT id, name, max_running, pgd_organization_running(id) AS running FROM organizations ORDER BY name;
 
 -- name: list_pools
--- Every pool with its slots and running count (its held slots). Read-only.
-SELECT id, name, slots, pgd_pool_running(id) AS running FROM pools ORDER BY name;
+-- Every pool with its slots, running count (its held slots) and pause (who, when, why).
+-- Read-only.
+SELECT id, name, slots, pgd_pool_running(id) AS running, paused_at, pause_reason, paused_by
+  FROM pools ORDER BY name;
 
 -- name: list_grants
 -- Which project may run on which pool. Read-only.

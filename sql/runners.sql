@@ -11,7 +11,20 @@ SELECT pgd_register_runner(:name, :hostname, :pid, CAST(:pools AS text[]), :slot
 -- name: beat_runner
 -- Keep a runner row alive, renew and take over duties; every duty row; see pgd_beat_runner
 -- (sql/functions/runners.sql).
-SELECT * FROM pgd_beat_runner(:runner_id, :draining, :beat_seconds, :duty_lease_seconds);
+-- With the operator's drain of the runner on every row (pgd_runner_drain; NULLs when not
+-- drained): the scheduler learns a drain, its deadline and a resume from its beat.
+SELECT b.*, d.drain_requested_at, d.drain_requested_by, d.drain_reason, d.drain_deadline
+  FROM pgd_beat_runner(:runner_id, :draining, :beat_seconds, :duty_lease_seconds) b
+  LEFT JOIN LATERAL pgd_runner_drain(:runner_id) d ON true;
+
+-- name: drain_runner$
+-- Drain a runner with a reason and an optional deadline (seconds; conditional, fenced
+-- against its claims in flight, audited); see pgd_drain_runner (sql/functions/operator.sql).
+SELECT pgd_drain_runner(:runner_id, :deadline_seconds, :reason, :actor);
+
+-- name: resume_runner$
+-- Resume a drained runner (conditional, audited, NOTIFYs it); see pgd_resume_runner.
+SELECT pgd_resume_runner(:runner_id, :reason, :actor);
 
 -- name: stop_runner!
 -- Mark a runner stopped at shutdown, releasing its duties.
@@ -26,6 +39,11 @@ SELECT pgd_run_cleanup(:runner_id, :term, :batch);
 -- Read-only.
 SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
        r.stopped_at, r.stop_reason, r.login, pgd_login_is_unbound(r.login) AS is_unbound,
+       r.drain_requested_at, r.drain_requested_by, r.drain_reason, r.drain_deadline,
+       -- an operator's drain: draining while it still runs a job, drained once it runs none
+       CASE WHEN r.drain_requested_at IS NULL THEN NULL
+            WHEN EXISTS (SELECT 1 FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running')
+            THEN 'draining' ELSE 'drained' END AS drain_state,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
        ARRAY(SELECT q.name FROM pools q
               WHERE q.id = ANY (pgd_runner_login_pools(r.login)) ORDER BY q.name) AS granted_pools,
@@ -51,6 +69,11 @@ SELECT d.duty, d.runner_id, r.name AS runner_name, d.term, d.held_since, d.expir
 -- login: is_unbound) and the pools it asked for that are not granted (a revoked grant).
 SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
        r.stopped_at, r.stop_reason, r.login, pgd_login_is_unbound(r.login) AS is_unbound,
+       r.drain_requested_at, r.drain_requested_by, r.drain_reason, r.drain_deadline,
+       -- an operator's drain: draining while it still runs a job, drained once it runs none
+       CASE WHEN r.drain_requested_at IS NULL THEN NULL
+            WHEN EXISTS (SELECT 1 FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running')
+            THEN 'draining' ELSE 'drained' END AS drain_state,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (g.pool_ids) ORDER BY q.name) AS granted_pools,
        ARRAY(SELECT q.name FROM pools q
@@ -86,6 +109,11 @@ WITH shown AS (
 )
 SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
        r.stopped_at, r.stop_reason, r.login, pgd_login_is_unbound(r.login) AS is_unbound,
+       r.drain_requested_at, r.drain_requested_by, r.drain_reason, r.drain_deadline,
+       -- an operator's drain: draining while it still runs a job, drained once it runs none
+       CASE WHEN r.drain_requested_at IS NULL THEN NULL
+            WHEN EXISTS (SELECT 1 FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running')
+            THEN 'draining' ELSE 'drained' END AS drain_state,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (g.pool_ids) ORDER BY q.name) AS granted_pools,
        ARRAY(SELECT q.name FROM pools q
@@ -107,6 +135,11 @@ SELECT count(*) FROM runners WHERE stopped_at IS NOT NULL;
 -- paginated by id, with the same columns as list_runners. Read-only.
 SELECT r.id, r.name, r.hostname, r.pid, r.slots, r.started_at, r.last_heartbeat_at, r.draining,
        r.stopped_at, r.stop_reason, r.login, pgd_login_is_unbound(r.login) AS is_unbound,
+       r.drain_requested_at, r.drain_requested_by, r.drain_reason, r.drain_deadline,
+       -- an operator's drain: draining while it still runs a job, drained once it runs none
+       CASE WHEN r.drain_requested_at IS NULL THEN NULL
+            WHEN EXISTS (SELECT 1 FROM attempts a WHERE a.runner_id = r.id AND a.state = 'running')
+            THEN 'draining' ELSE 'drained' END AS drain_state,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (r.pool_ids) ORDER BY q.name) AS pools,
        ARRAY(SELECT q.name FROM pools q WHERE q.id = ANY (g.pool_ids) ORDER BY q.name) AS granted_pools,
        ARRAY(SELECT q.name FROM pools q

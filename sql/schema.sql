@@ -28,7 +28,14 @@ CREATE TABLE pools (
     id         bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name       text NOT NULL UNIQUE CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$'),
     slots      integer NOT NULL CHECK (slots >= 0),
-    created_at timestamptz NOT NULL DEFAULT now()
+    created_at timestamptz NOT NULL DEFAULT now(),
+    -- paused by an operator (pgd_pause_pool, sql/functions/operator.sql): no claim takes
+    -- from the pool; its jobs wait with reason pool_paused, saying who, when and why
+    paused_at    timestamptz,
+    pause_reason text,
+    paused_by    text,
+    CONSTRAINT pools_pause_check CHECK ((paused_at IS NULL) = (pause_reason IS NULL)
+                                        AND (paused_at IS NULL) = (paused_by IS NULL))
 ) WITH (fillfactor = 50);
 
 CREATE TABLE projects (
@@ -80,7 +87,19 @@ CREATE TABLE runners (
     -- (sql/functions/wakeups.sql)
     listen_pid        integer,
     woken_at          timestamptz,
-    CHECK (stop_reason IS NULL OR stopped_at IS NOT NULL)
+    -- an operator's drain (pgd_drain_runner, sql/functions/operator.sql), apart from
+    -- `draining` (the scheduler's own shutdown flag, written by every beat): while set, the
+    -- runner's claims take nothing; past drain_deadline (NULL: none) the scheduler hands its
+    -- running builds back. Cleared only by pgd_resume_runner.
+    drain_requested_at timestamptz,
+    drain_requested_by text,
+    drain_reason       text,
+    drain_deadline     timestamptz,
+    CHECK (stop_reason IS NULL OR stopped_at IS NOT NULL),
+    CONSTRAINT runners_drain_check CHECK (
+        (drain_requested_at IS NULL) = (drain_requested_by IS NULL)
+        AND (drain_requested_at IS NULL) = (drain_reason IS NULL)
+        AND (drain_deadline IS NULL OR drain_requested_at IS NOT NULL))
 );
 CREATE INDEX runners_live_idx ON runners (last_heartbeat_at) WHERE stopped_at IS NULL;
 CREATE INDEX runners_login_idx ON runners (login) WHERE stopped_at IS NULL;

@@ -371,6 +371,71 @@ def resume_project(conn, *, project: str, actor: str | None, reason: str | None 
                             reason=_operator_text("reason", reason, required=False))
 
 
+@transition("pause_pool")
+def pause_pool(conn, *, pool: str, reason: str, actor: str | None) -> dict[str, Any]:
+    """Pause a pool with a mandatory reason: no claim takes from it until it is resumed
+    (its running jobs go on); audited.
+
+    Returns {"pool", "paused_at" (the database's clock once the claims in flight were
+    fenced), "paused_by", "pause_reason"}.
+    Raises: InvalidInput (no reason); NotFound; AlreadyResolved when it is already paused
+    (says by whom, when and why).
+    """
+    check_text("pool", pool, max_len=63)
+    return Q.pause_pool(conn, pool=pool, actor=check_actor(actor),
+                        reason=_operator_text("reason", reason, required=True))
+
+
+@transition("resume_pool")
+def resume_pool(conn, *, pool: str, actor: str | None, reason: str | None = None) -> dict[str, Any]:
+    """Resume a paused pool; audited; its listening schedulers are woken.
+
+    Returns {"pool", "paused_at": None}.
+    Raises: NotFound; AlreadyResolved when it is not paused (says who resumed it).
+    """
+    check_text("pool", pool, max_len=63)
+    return Q.resume_pool(conn, pool=pool, actor=check_actor(actor),
+                         reason=_operator_text("reason", reason, required=False))
+
+
+MAX_DRAIN_DEADLINE_SECONDS = 604800  # a week: pgd_drain_runner's own bound
+
+
+@transition("drain_runner")
+def drain_runner(conn, *, runner_id: int, reason: str, actor: str | None,
+                 deadline_seconds: int | None = None) -> dict[str, Any]:
+    """Drain a runner: its claims take nothing from now on, it finishes what it runs; after
+    ``deadline_seconds`` (None: no deadline; 0..604800) its scheduler hands its running
+    builds back (deployments are never cut). The scheduler learns it on its next beat.
+    Audited.
+
+    Returns {"runner_id", "name", "drain_requested_at", "drain_requested_by",
+    "drain_reason", "drain_deadline"} (database times).
+    Raises: InvalidInput (no reason, a deadline out of range); NotFound; Conflict for a
+    stopped runner; AlreadyResolved when it is already drained (says by whom and when).
+    """
+    if deadline_seconds is not None:
+        deadline_seconds = check_int("deadline seconds", deadline_seconds, 0,
+                                     MAX_DRAIN_DEADLINE_SECONDS)
+    return Q.drain_runner(conn, runner_id=check_int("runner id", runner_id, 1, 2**63 - 1),
+                          deadline_seconds=deadline_seconds, actor=check_actor(actor),
+                          reason=_operator_text("reason", reason, required=True))
+
+
+@transition("resume_runner")
+def resume_runner(conn, *, runner_id: int, actor: str | None,
+                  reason: str | None = None) -> dict[str, Any]:
+    """Resume a drained runner: it claims again (woken at once when it listens, else at its
+    next beat); audited.
+
+    Returns {"runner_id", "name", "drain_requested_at": None}.
+    Raises: NotFound; AlreadyResolved when it is not drained (says who resumed it).
+    """
+    return Q.resume_runner(conn, runner_id=check_int("runner id", runner_id, 1, 2**63 - 1),
+                           actor=check_actor(actor),
+                           reason=_operator_text("reason", reason, required=False))
+
+
 @transition("approve_job")
 def approve_job(conn, *, job_id: int, actor: str | None, reason: str | None = None) -> dict[str, Any]:
     """Approve a job that requires approval; audited. Raises NotFound, Conflict."""
@@ -466,9 +531,11 @@ def beat_runner(conn, *, runner_id: int, is_draining: bool = False, beat_seconds
 
     Returns every duty, by name: {"duty", "runner_id", "runner_name", "term", "held_since",
     "expires_at", "last_done_at", "is_mine", "db_now", "leases_overdue",
-    "next_lease_expiry"} (database times; leases_overdue: a lease of this runner's pools
+    "next_lease_expiry", "drain_requested_at", "drain_requested_by", "drain_reason",
+    "drain_deadline"} (database times; leases_overdue: a lease of this runner's pools
     lapsed more than ``duty_lease_seconds`` ago, whoever holds the expiry duty;
-    next_lease_expiry: when the first running lease lapses, None when none runs).
+    next_lease_expiry: when the first running lease lapses, None when none runs; drain_*:
+    an operator's drain of this runner, the same on every row, None when not drained).
     Raises: InvalidInput for a beat or lease outside (0, 300] seconds.
     """
     beat_seconds = check_number("beat seconds", beat_seconds, 0, MAX_DUTY_SECONDS)

@@ -103,14 +103,15 @@ def create_app(settings: sql.Settings | None = None, *, database_url: str | None
     app.config["DATABASE_URL"] = database_url
 
     from . import (admin, api, audit, auth, db, errors, formatting, jobs, metrics, overview,
-                   projects, queue, runners, security, targets)
+                   pools, projects, queue, runners, security, targets)
 
     db.init_app(app)
     formatting.init_app(app)
     security.init_app(app)
     auth.init_app(app)
     errors.init_app(app)
-    for module in (overview, queue, projects, targets, jobs, runners, audit, admin, api, metrics):
+    for module in (overview, queue, projects, pools, targets, jobs, runners, audit, admin, api,
+                   metrics):
         app.register_blueprint(module.bp)
     security.csrf.exempt(api.bp)
     hops = app.config["TRUSTED_PROXIES"]

@@ -22,7 +22,7 @@ from pgdispatch.sql.errors import UnknownFilter
 from .auth import ROLE_RANK
 from .db import get_conn
 from .openapi import SPEC, body_error, query_values
-from .views import check_job_id
+from .views import MAX_BIGINT, check_job_id
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 READ_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -312,6 +312,46 @@ def resume_project(name: str):
     body = _body("resumeProject")
     return jsonify(transitions.resume_project(get_conn(), project=name, actor=_actor(),
                                               reason=_optional_text(body, "reason")))
+
+
+@bp.post("/pools/<name>/pause")
+def pause_pool(name: str):
+    """Pause a pool (reason required): no claim takes from it."""
+    body = _body("pausePool")
+    return jsonify(transitions.pause_pool(get_conn(), pool=name, actor=_actor(),
+                                          reason=_optional_text(body, "reason")))
+
+
+@bp.post("/pools/<name>/resume")
+def resume_pool(name: str):
+    """Resume a paused pool."""
+    body = _body("resumePool")
+    return jsonify(transitions.resume_pool(get_conn(), pool=name, actor=_actor(),
+                                           reason=_optional_text(body, "reason")))
+
+
+def _check_runner_id(runner_id: int) -> int:
+    """404 for ids no bigint can hold (the URL converter accepts any digits)."""
+    if not 1 <= runner_id <= MAX_BIGINT:
+        raise NotFound(f"unknown runner {str(runner_id)[:40]}")
+    return runner_id
+
+
+@bp.post("/runners/<int:runner_id>/drain")
+def drain_runner(runner_id: int):
+    """Drain a runner (reason required, deadline_seconds optional)."""
+    body = _body("drainRunner")
+    return jsonify(transitions.drain_runner(get_conn(), runner_id=_check_runner_id(runner_id),
+                                            actor=_actor(), reason=_optional_text(body, "reason"),
+                                            deadline_seconds=_whole(body.get("deadline_seconds"))))
+
+
+@bp.post("/runners/<int:runner_id>/resume")
+def resume_runner(runner_id: int):
+    """Resume a drained runner."""
+    body = _body("resumeRunner")
+    return jsonify(transitions.resume_runner(get_conn(), runner_id=_check_runner_id(runner_id),
+                                             actor=_actor(), reason=_optional_text(body, "reason")))
 
 
 @bp.post("/targets/<name>/resolve")

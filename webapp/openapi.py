@@ -255,7 +255,20 @@ _LIST_SCHEMAS: dict[str, Any] = {
                             "running": {"type": "integer", "description": "pool slots held"},
                             "runner_slots": {"type": "integer",
                                              "description": "slots of the live runners serving it"},
-                            "free_runner_slots": {"type": "integer"}}},
+                            "free_runner_slots": {"type": "integer"},
+                            "paused_at": _NULLABLE_TIME,
+                            "paused_by": {"type": ["string", "null"]},
+                            "pause_reason": {"type": ["string", "null"]}}},
+    "PoolPause": {"type": "object", "required": ["pool", "paused_at"],
+                  "properties": {"pool": {"type": "string"}, "paused_at": _NULLABLE_TIME,
+                                 "paused_by": {"type": "string"},
+                                 "pause_reason": {"type": "string"}}},
+    "RunnerDrain": {"type": "object", "required": ["runner_id", "name", "drain_requested_at"],
+                    "properties": {"runner_id": {"type": "integer"}, "name": {"type": "string"},
+                                   "drain_requested_at": _NULLABLE_TIME,
+                                   "drain_requested_by": {"type": "string"},
+                                   "drain_reason": {"type": "string"},
+                                   "drain_deadline": _NULLABLE_TIME}},
     "PoolList": {"type": "object", "required": ["pools"], "properties": {
         "pools": {"type": "array", "items": {"$ref": "#/components/schemas/Pool"}}}},
     "PoolDetail": {"allOf": [{"$ref": "#/components/schemas/Pool"}, {
@@ -285,7 +298,15 @@ _LIST_SCHEMAS: dict[str, Any] = {
                               "stop_reason": {"enum": ["stopped", "lost", None],
                                               "description": "how a stopped runner ended: "
                                                              "stopped cleanly, or lost (it "
-                                                             "stopped beating)"}}},
+                                                             "stopped beating)"},
+                              "drain_requested_at": _NULLABLE_TIME,
+                              "drain_requested_by": {"type": ["string", "null"]},
+                              "drain_reason": {"type": ["string", "null"]},
+                              "drain_deadline": _NULLABLE_TIME,
+                              "drain_state": {"enum": ["draining", "drained", None],
+                                              "description": "an operator's drain: draining "
+                                                             "while it still runs a job, "
+                                                             "drained once it runs none"}}},
     "RunnerList": {"type": "object", "required": ["runners"], "properties": {
         "runners": {"type": "array", "items": {"$ref": "#/components/schemas/Runner"}}}},
     "RunnerDetail": {"allOf": [{"$ref": "#/components/schemas/Runner"}, {
@@ -462,6 +483,65 @@ SPEC: dict[str, Any] = {
             "responses": {"200": _json({"$ref": "#/components/schemas/ActionResult"}, "resumed"),
                           **_errors(*_WRITE),
                           "409": {"description": "not paused", "content": _ERROR_CONTENT}},
+        }},
+        "/pools/{name}/pause": {"post": {
+            "summary": "Pause a pool: no claim takes from it until it is resumed (running "
+                       "jobs go on; its waiting jobs explain pool_paused with who, when, why)",
+            "operationId": "pausePool",
+            "parameters": [_NAME],
+            "requestBody": _body({"type": "object", "additionalProperties": False,
+                                  "required": ["reason"],
+                                  "properties": {"reason": {"type": "string", "maxLength": 1000,
+                                                            "pattern": _SAYS_SOMETHING}}},
+                                 required=True),
+            "responses": {"200": _json({"$ref": "#/components/schemas/PoolPause"}, "paused"),
+                          **_errors(*_WRITE),
+                          "409": {"description": "already paused (says by whom, when and why)",
+                                  "content": _ERROR_CONTENT}},
+        }},
+        "/pools/{name}/resume": {"post": {
+            "summary": "Resume a paused pool (its schedulers are woken)",
+            "operationId": "resumePool",
+            "parameters": [_NAME],
+            "requestBody": _body(_REASON_BODY, required=False),
+            "responses": {"200": _json({"$ref": "#/components/schemas/PoolPause"}, "resumed"),
+                          **_errors(*_WRITE),
+                          "409": {"description": "not paused (says who resumed it and when)",
+                                  "content": _ERROR_CONTENT}},
+        }},
+        "/runners/{runner_id}/drain": {"post": {
+            "summary": "Drain a runner: it takes nothing new and finishes what it runs (its "
+                       "scheduler learns it on its next beat); after deadline_seconds its "
+                       "running builds are handed back (re-queued, no failure counted); "
+                       "deployments are never cut",
+            "operationId": "drainRunner",
+            "parameters": [_RUNNER_ID],
+            "requestBody": _body({"type": "object", "additionalProperties": False,
+                                  "required": ["reason"],
+                                  "properties": {
+                                      "reason": {"type": "string", "maxLength": 1000,
+                                                 "pattern": _SAYS_SOMETHING},
+                                      "deadline_seconds": {
+                                          "type": ["integer", "null"], "minimum": 0,
+                                          "maximum": 604800,
+                                          "description": "seconds until its builds are handed "
+                                                         "back; null or absent: no deadline"}}},
+                                 required=True),
+            "responses": {"200": _json({"$ref": "#/components/schemas/RunnerDrain"}, "drained"),
+                          **_errors(*_WRITE),
+                          "409": {"description": "already drained (says by whom and when), or "
+                                                 "the runner is stopped",
+                                  "content": _ERROR_CONTENT}},
+        }},
+        "/runners/{runner_id}/resume": {"post": {
+            "summary": "Resume a drained runner: it claims again",
+            "operationId": "resumeRunner",
+            "parameters": [_RUNNER_ID],
+            "requestBody": _body(_REASON_BODY, required=False),
+            "responses": {"200": _json({"$ref": "#/components/schemas/RunnerDrain"}, "resumed"),
+                          **_errors(*_WRITE),
+                          "409": {"description": "not drained (says who resumed it and when)",
+                                  "content": _ERROR_CONTENT}},
         }},
         "/targets/{name}/resolve": {"post": {
             "summary": "Resolve an uncertain target", "operationId": "resolveTarget",

@@ -3,11 +3,12 @@
 --
 -- pgd_claim (one job) and pgd_claim_batch (up to 1000 builds of one project and pool) walk
 -- pgd_claim_candidates in fairness order. Locks are taken in the documented order (docs/
--- design.md, "Lock order"): job (FOR NO KEY UPDATE SKIP LOCKED: a job another claimer is
+-- design.md, "Lock order"): the runner claim lock (shared: an operator's drain waits for the
+-- claims in flight, pgd_runner_lock_class below) -> job (FOR NO KEY UPDATE SKIP LOCKED: a job another claimer is
 -- taking is passed, never waited for) -> target (a deployment's, only while free) -> the
 -- project claim lock -> the project row (SKIP LOCKED, for the last_claimed_at stamp) ->
--- organization stripes -> pool stripes (SKIP LOCKED; sql/functions/capacity.sql) -> the
--- attempt rows -> the claim token lock (below). The shared rows come last, so that they are
+-- organization stripes -> pool stripes (SKIP LOCKED; sql/functions/capacity.sql; then the
+-- pool's pause is re-read: pgd_pool_is_paused) -> the attempt rows -> the claim token lock (below). The shared rows come last, so that they are
 -- held only from their update to the commit. Times come from the database clock, never the
 -- caller's.
 --
@@ -226,9 +227,28 @@ LANGUAGE sql STABLE AS $$
                        FROM runners r WHERE r.id = p_runner_id), false)
 $$;
 
+-- The runner claim lock: an operator's drain and the runner's claims in flight. A claim
+-- takes its runner's lock SHARED before it reads the runner row (pgd_runner_pools, a new
+-- statement, so a snapshot taken after the lock was granted); a drain (pgd_drain_runner,
+-- sql/functions/operator.sql) takes it EXCLUSIVELY after locking the runner row, before it
+-- stamps drain_requested_at with the clock. So a claim that read "not drained" holds the
+-- lock until it commits, and the drain waits for it: every attempt of a claim that did not
+-- see the drain was claimed (claimed_at) before drain_requested_at, and committed before
+-- the drain did; a claim that starts later waits for the drain's commit, then reads it and
+-- takes nothing (tests/concurrency/test_steer_races.py). Claims of one runner share the
+-- lock; a drain is rare and short. No cycle: a drain holds only the runner row while it
+-- waits, and a claim never waits for a runner row. Class 'pgdr' as four bytes; a runner's
+-- key wraps as a project's does (pgd_claim_lock_key).
+CREATE OR REPLACE FUNCTION pgd_runner_lock_class() RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT 1885824114 $$;
+
+CREATE OR REPLACE FUNCTION pgd_runner_lock_key(p_runner_id bigint) RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT (p_runner_id % 2147483647)::integer $$;
+
 -- The pools a claim by p_runner_id may take from: p_pool_ids that the runner serves; NULL
--- when the runner is draining or stopped (it claims nothing). Checks the lease (seconds).
--- Raises PD422 for a lease outside (0, 86400], PD404 for an unknown runner.
+-- when the runner is draining (its own shutdown, or an operator's drain) or stopped (it
+-- claims nothing). Checks the lease (seconds). The caller holds the runner claim lock
+-- (above). Raises PD422 for a lease outside (0, 86400], PD404 for an unknown runner.
 CREATE OR REPLACE FUNCTION pgd_runner_pools(p_runner_id bigint, p_pool_ids bigint[], p_lease_seconds double precision)
 RETURNS bigint[]
 LANGUAGE plpgsql STABLE AS $$
@@ -243,17 +263,34 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown runner %', p_runner_id USING ERRCODE = 'PD404';
     END IF;
-    IF v_runner.draining OR v_runner.stopped_at IS NOT NULL THEN
+    IF v_runner.draining OR v_runner.drain_requested_at IS NOT NULL OR v_runner.stopped_at IS NOT NULL THEN
         RETURN NULL;
     END IF;
     RETURN ARRAY(SELECT unnest(p_pool_ids) INTERSECT SELECT unnest(v_runner.pool_ids));
 END;
 $$;
 
+-- Whether pool p_pool_id is paused, read by a claim after it took a slot of the pool (a
+-- pool stripe, FOR NO KEY UPDATE), in a statement of its own (a snapshot taken after that
+-- lock). A pause (pgd_pause_pool, sql/functions/operator.sql) locks every stripe of the
+-- pool FOR UPDATE, in stripe order, before it stamps paused_at with the clock: it waits
+-- for every claim holding one of them, and claims skip the stripes it holds (SKIP LOCKED)
+-- until it commits. So a claim that read "not paused" here holds a stripe the pause must
+-- still lock, and commits before the pause does, with claimed_at before paused_at; a claim
+-- that takes a stripe after the pause committed reads the pause here and passes the pool
+-- over (tests/concurrency/test_steer_races.py). The candidates' filter (q.paused_at IS
+-- NULL, below) only saves the work. Mirrors the project pause (the project claim lock,
+-- sql/functions/capacity.sql) without a lock of its own: the stripe is one the claim takes
+-- anyway.
+CREATE OR REPLACE FUNCTION pgd_pool_is_paused(p_pool_id bigint) RETURNS boolean
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT q.paused_at IS NOT NULL FROM pools q WHERE q.id = p_pool_id), true)
+$$;
+
 -- The next (organization, project, pool) combinations to try, best first under the fairness
 -- policy (docs/fairness.md): fewest running jobs per unit of weight, then the project
--- claimed least recently, then by id. A combination qualifies when its project is not
--- paused and under its bound, its organization (unless p_org_id names one) and its pool
+-- claimed least recently, then by id. A combination qualifies when its project and its
+-- pool are not paused, its project is under its bound, its organization (unless p_org_id names one) and its pool
 -- have a stripe with room, and it has a job that is queued, ready and, for a deployment,
 -- whose target is free. Read without locks: the claim re-checks each under its locks.
 -- Every EXISTS is written `LIMIT 1 OFFSET 0` so that the planner keeps it a probe of one
@@ -270,6 +307,7 @@ LANGUAGE sql STABLE AS $$
                           WHERE j.project_id = p.id AND j.state = 'running') r
      WHERE pp.pool_id = ANY (p_pool_ids)
        AND p.paused_at IS NULL
+       AND q.paused_at IS NULL
        AND CASE WHEN p_org_id IS NULL
                 THEN EXISTS (SELECT 1 FROM capacity_stripes s
                               WHERE s.kind = 'organization' AND s.owner_id = o.id
@@ -378,6 +416,8 @@ DECLARE
     v_pool_stripe smallint;
 BEGIN
     PERFORM pgd_require_runner_grant(p_runner_id, p_pool_ids);
+    -- the runner claim lock, shared, then the runner row in a new statement (above)
+    PERFORM pg_advisory_xact_lock_shared(pgd_runner_lock_class(), pgd_runner_lock_key(p_runner_id));
     v_pools := pgd_runner_pools(p_runner_id, p_pool_ids, p_lease_seconds);
     IF v_pools IS NULL THEN
         RETURN;  -- the runner is draining or stopped
@@ -460,6 +500,9 @@ BEGIN
                     LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)
             RETURNING s.stripe_no INTO v_pool_stripe;
             IF NOT FOUND THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+            -- the pool's pause, re-read in a new statement now that a pool stripe is held
+            -- (pgd_pool_is_paused says why that is safe)
+            IF pgd_pool_is_paused(c.pool_id) THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
 
             UPDATE jobs j
                SET state = 'running', generation = j.generation + 1,
@@ -539,6 +582,8 @@ BEGIN
         RAISE EXCEPTION 'a batch claims 1 to 1000 jobs, got %', v_want USING ERRCODE = 'PD422';
     END IF;
     PERFORM pgd_require_runner_grant(p_runner_id, p_pool_ids);
+    -- the runner claim lock, shared, then the runner row in a new statement (above)
+    PERFORM pg_advisory_xact_lock_shared(pgd_runner_lock_class(), pgd_runner_lock_key(p_runner_id));
     v_pools := pgd_runner_pools(p_runner_id, p_pool_ids, p_lease_seconds);
     IF v_pools IS NULL THEN
         RETURN;  -- the runner is draining or stopped
@@ -606,6 +651,8 @@ BEGIN
             v_pool_units := pgd_take_slots('pool', c.pool_id, cardinality(v_org_units));
             v_n := cardinality(v_pool_units);
             IF v_n < 1 THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+            -- the pool's pause, re-read now that its stripes are held (pgd_pool_is_paused)
+            IF pgd_pool_is_paused(c.pool_id) THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
             v_org_units := v_org_units[1:v_n];
             v_ids := v_ids[1:v_n];
             PERFORM pgd_hold_slots('organization', c.org_id, v_org_units);

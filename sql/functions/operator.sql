@@ -1,5 +1,5 @@
--- Operator actions: pause and resume a project, approve, cancel and retry a job, resolve an
--- uncertain target. Each is one short transaction, conditional on the state the operator
+-- Operator actions: pause and resume a project or a pool, drain and resume a runner,
+-- approve, cancel and retry a job, resolve an uncertain target. Each is one short transaction, conditional on the state the operator
 -- saw, so that of two operators acting at once one wins and the other is told why the
 -- subject is where it is (PDALR "already ... by alice at ...", or PD409 with the job's
 -- state note: "job 107 is cancelled and cannot be cancelled (dependency 102 cancelled, at
@@ -410,5 +410,183 @@ BEGIN
                       jsonb_build_object('outcome', p_outcome, 'job_id', v_job.id));
     RETURN jsonb_build_object('target', p_target, 'outcome', p_outcome, 'job_id', v_job.id,
                               'job_state', v_state);
+END;
+$$;
+
+-- Steering the fleet (issue 20): pause / resume a pool, drain / resume a runner. Each is
+-- conditional on the state the operator saw (PDALR says who moved it and when), audited,
+-- and fenced against the claims in flight so that its effect starts at the time it
+-- records: paused_at and drain_requested_at are the clock after the fence, and no claim
+-- that did not see the pause or the drain has an attempt claimed after that time
+-- (tests/faults/consistency.py checks it by these times). docs/operations.md, "Steering
+-- the fleet", is the operator's page.
+
+-- pause a pool: no claim takes from it until it is resumed; its waiting jobs explain
+-- pool_paused with who, when and why; running jobs go on, approvals still work (the job
+-- then waits on the pause). Lock order: the pool row (FOR NO KEY UPDATE: a job's or a
+-- runner's foreign key check takes only KEY SHARE, so submits and claims never wait for it),
+-- then every stripe of the pool FOR UPDATE in stripe order, as a limit change takes them
+-- (sql/functions/capacity.sql): that waits for each claim holding one of the pool's slots
+-- and makes the others skip the stripes until the commit; a claim re-reads the pause after
+-- taking its stripe (pgd_pool_is_paused, sql/functions/claim.sql, says why that is safe).
+-- Raises PD422 without a reason, PD404 for an unknown pool, PDALR when already paused.
+CREATE OR REPLACE FUNCTION pgd_pause_pool(p_pool text, p_reason text, p_actor text)
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v  pools%ROWTYPE;
+    v_at timestamptz;
+BEGIN
+    p_actor := pgd_authorize(p_actor, 'operator');
+    IF p_reason IS NULL OR btrim(p_reason) = '' THEN
+        RAISE EXCEPTION 'a reason is required to pause a pool' USING ERRCODE = 'PD422';
+    END IF;
+    SELECT * INTO v FROM pools WHERE name = p_pool FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown pool %', p_pool USING ERRCODE = 'PD404';
+    END IF;
+    IF v.paused_at IS NOT NULL THEN
+        RAISE EXCEPTION 'pool % is already paused by % at %: %', p_pool, v.paused_by,
+            pgd_utc_text(v.paused_at), v.pause_reason USING ERRCODE = 'PDALR';
+    END IF;
+    -- the fence: every slot of the pool, in stripe order (waits for the claims holding one)
+    PERFORM s.stripe_no FROM capacity_stripes s
+      WHERE s.kind = 'pool' AND s.owner_id = v.id ORDER BY s.stripe_no FOR UPDATE;
+    v_at := clock_timestamp();
+    UPDATE pools SET paused_at = v_at, pause_reason = p_reason, paused_by = p_actor
+     WHERE id = v.id;
+    PERFORM pgd_audit(p_actor, 'pause_pool', 'pool:' || p_pool, p_reason,
+                      jsonb_build_object('paused_at', v_at));
+    RETURN jsonb_build_object('pool', p_pool, 'paused_at', v_at, 'paused_by', p_actor,
+                              'pause_reason', p_reason);
+END;
+$$;
+
+-- resume a paused pool; NOTIFYs the pool's broadcast channel, so that its listening
+-- schedulers claim at once (as pgd_resume_project does). Raises PD404 for an unknown
+-- pool, PDALR when it is not paused (saying who resumed it and when, if someone did).
+CREATE OR REPLACE FUNCTION pgd_resume_pool(p_pool text, p_reason text, p_actor text)
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v pools%ROWTYPE;
+    v_note text;
+BEGIN
+    p_actor := pgd_authorize(p_actor, 'operator');
+    SELECT * INTO v FROM pools WHERE name = p_pool FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown pool %', p_pool USING ERRCODE = 'PD404';
+    END IF;
+    IF v.paused_at IS NULL THEN
+        SELECT CASE WHEN e.action = 'resume_pool'
+                    THEN format(' (resumed by %s at %s)', e.actor, pgd_utc_text(e.at)) END
+          INTO v_note
+          FROM audit_events e
+         WHERE e.subject = 'pool:' || p_pool AND e.action IN ('pause_pool', 'resume_pool')
+         ORDER BY e.id DESC LIMIT 1;
+        RAISE EXCEPTION 'pool % is not paused%', p_pool, coalesce(v_note, '') USING ERRCODE = 'PDALR';
+    END IF;
+    UPDATE pools SET paused_at = NULL, pause_reason = NULL, paused_by = NULL WHERE id = v.id;
+    PERFORM pgd_audit(p_actor, 'resume_pool', 'pool:' || p_pool, p_reason,
+                      jsonb_build_object('paused_at', v.paused_at, 'paused_by', v.paused_by));
+    IF coalesce(current_setting('pgdispatch.notify', true), '') <> 'off' THEN
+        PERFORM pg_notify('pgdispatch_queued', v.id::text);
+    END IF;
+    RETURN jsonb_build_object('pool', p_pool, 'paused_at', NULL);
+END;
+$$;
+
+-- drain a runner: its claims take nothing from now on (pgd_runner_pools), it finishes what
+-- it runs, and it shows drained once it runs nothing. p_deadline_seconds (NULL: none; 0 to
+-- 604800): after that long, its scheduler hands its running builds back (outcome
+-- handed_back: re-queued, no failure counted); deployments are never cut by a drain. The
+-- scheduler learns all of it from its next beat (sql/runners.sql, beat_runner), no signal.
+-- Kept apart from runners.draining (the scheduler's own shutdown flag, written by every
+-- beat). Lock order: the runner row (FOR NO KEY UPDATE: an attempt's foreign key check
+-- takes only KEY SHARE), then the runner claim lock EXCLUSIVELY (waits for this runner's
+-- claims in flight: pgd_runner_lock_class, sql/functions/claim.sql, says why that is safe),
+-- then drain_requested_at is the clock. Raises PD422 for no reason or a deadline out of
+-- range, PD404 for an unknown runner, PD409 for a stopped one, PDALR when already drained.
+CREATE OR REPLACE FUNCTION pgd_drain_runner(p_runner_id bigint, p_deadline_seconds double precision,
+                                            p_reason text, p_actor text)
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v runners%ROWTYPE;
+    v_at timestamptz;
+BEGIN
+    p_actor := pgd_authorize(p_actor, 'operator');
+    IF p_reason IS NULL OR btrim(p_reason) = '' THEN
+        RAISE EXCEPTION 'a reason is required to drain a runner' USING ERRCODE = 'PD422';
+    END IF;
+    IF p_deadline_seconds IS NOT NULL
+       AND NOT (p_deadline_seconds >= 0 AND p_deadline_seconds <= 604800) THEN
+        RAISE EXCEPTION 'deadline seconds must be in [0, 604800], got %', p_deadline_seconds
+            USING ERRCODE = 'PD422';
+    END IF;
+    SELECT * INTO v FROM runners WHERE id = p_runner_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown runner %', p_runner_id USING ERRCODE = 'PD404';
+    END IF;
+    IF v.drain_requested_at IS NOT NULL THEN
+        RAISE EXCEPTION 'runner % is already drained by % at %: %', p_runner_id,
+            v.drain_requested_by, pgd_utc_text(v.drain_requested_at), v.drain_reason
+            USING ERRCODE = 'PDALR';
+    END IF;
+    IF v.stopped_at IS NOT NULL THEN
+        RAISE EXCEPTION 'runner % is % (since %): there is nothing to drain', p_runner_id,
+            coalesce(v.stop_reason, 'stopped'), pgd_utc_text(v.stopped_at) USING ERRCODE = 'PD409';
+    END IF;
+    -- the fence: this runner's claims in flight commit first; later ones wait, then see it
+    PERFORM pg_advisory_xact_lock(pgd_runner_lock_class(), pgd_runner_lock_key(v.id));
+    v_at := clock_timestamp();
+    UPDATE runners
+       SET drain_requested_at = v_at, drain_requested_by = p_actor, drain_reason = p_reason,
+           drain_deadline = v_at + make_interval(secs => p_deadline_seconds)
+     WHERE id = v.id
+    RETURNING * INTO v;
+    PERFORM pgd_audit(p_actor, 'drain_runner', 'runner:' || v.id, p_reason,
+                      jsonb_build_object('drain_requested_at', v_at,
+                                         'deadline_seconds', p_deadline_seconds,
+                                         'drain_deadline', v.drain_deadline));
+    RETURN jsonb_build_object('runner_id', v.id, 'name', v.name, 'drain_requested_at', v_at,
+                              'drain_requested_by', p_actor, 'drain_reason', p_reason,
+                              'drain_deadline', v.drain_deadline);
+END;
+$$;
+
+-- resume a drained runner: it claims again. NOTIFYs the runner's own wake-up channel
+-- (pgd_runner_channel, sql/functions/wakeups.sql), on which its scheduler beats at once and
+-- learns it; else its next beat does. Raises PD404 for an unknown runner, PDALR when it is
+-- not drained (saying who resumed it and when, if someone did).
+CREATE OR REPLACE FUNCTION pgd_resume_runner(p_runner_id bigint, p_reason text, p_actor text)
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v runners%ROWTYPE;
+    v_note text;
+BEGIN
+    p_actor := pgd_authorize(p_actor, 'operator');
+    SELECT * INTO v FROM runners WHERE id = p_runner_id FOR NO KEY UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'unknown runner %', p_runner_id USING ERRCODE = 'PD404';
+    END IF;
+    IF v.drain_requested_at IS NULL THEN
+        SELECT CASE WHEN e.action = 'resume_runner'
+                    THEN format(' (resumed by %s at %s)', e.actor, pgd_utc_text(e.at)) END
+          INTO v_note
+          FROM audit_events e
+         WHERE e.subject = 'runner:' || p_runner_id AND e.action IN ('drain_runner', 'resume_runner')
+         ORDER BY e.id DESC LIMIT 1;
+        RAISE EXCEPTION 'runner % is not drained%', p_runner_id, coalesce(v_note, '')
+            USING ERRCODE = 'PDALR';
+    END IF;
+    UPDATE runners
+       SET drain_requested_at = NULL, drain_requested_by = NULL, drain_reason = NULL,
+           drain_deadline = NULL
+     WHERE id = v.id;
+    PERFORM pgd_audit(p_actor, 'resume_runner', 'runner:' || v.id, p_reason,
+                      jsonb_build_object('drain_requested_at', v.drain_requested_at,
+                                         'drain_requested_by', v.drain_requested_by));
+    IF coalesce(current_setting('pgdispatch.notify', true), '') <> 'off' THEN
+        PERFORM pg_notify(pgd_runner_channel(v.id), 'resume');
+    END IF;
+    RETURN jsonb_build_object('runner_id', v.id, 'name', v.name, 'drain_requested_at', NULL);
 END;
 $$;

@@ -299,7 +299,7 @@ LANGUAGE sql STABLE SET search_path = public, pg_temp AS $$
                secs => greatest(p_live_seconds, 2 * coalesce(p_beat_seconds, 0)))
 $$;
 
--- Pools served by at least one live, non-draining runner whose login is granted the pool
+-- Pools served by at least one live runner, neither draining nor drained by an operator, whose login is granted the pool
 -- now, with those runners' ids and slots and how many of the slots are free (slots minus
 -- running attempts, per runner; a runner serving several pools counts its free slots for
 -- each), and the logins of live runners that ask for the pool without its grant
@@ -323,7 +323,20 @@ LANGUAGE sql STABLE SET search_path = public, pg_temp AS $$
      CROSS JOIN LATERAL (SELECT p.pool_id = ANY (pgd_runner_login_pools(r.login)) AS is_granted) g
      CROSS JOIN LATERAL (SELECT count(*)::integer AS n FROM attempts a
                           WHERE a.runner_id = r.id AND a.state = 'running') a
-     WHERE NOT r.draining
+     WHERE NOT r.draining AND r.drain_requested_at IS NULL
        AND pgd_runner_is_live(r.stopped_at, r.last_heartbeat_at, r.beat_seconds, p_live_seconds)
      GROUP BY p.pool_id
+$$;
+
+-- An operator's drain of runner p_runner_id as its scheduler reads it with each beat
+-- (beat_runner, sql/runners.sql): when it was asked for (NULL: not drained), by whom, why,
+-- and the deadline after which the scheduler hands its builds back (NULL: none). One row
+-- for the runner's own login (or an unbound one: pgd_session_is_runner), none otherwise.
+CREATE OR REPLACE FUNCTION pgd_runner_drain(p_runner_id bigint)
+RETURNS TABLE (drain_requested_at timestamptz, drain_requested_by text, drain_reason text,
+               drain_deadline timestamptz)
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+    SELECT r.drain_requested_at, r.drain_requested_by, r.drain_reason, r.drain_deadline
+      FROM runners r
+     WHERE r.id = p_runner_id AND pgd_session_is_runner(p_runner_id)
 $$;

@@ -192,7 +192,8 @@ LANGUAGE sql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
                                 WHERE pp.project_id = p.id ORDER BY q.name))), '[]')
                        FROM projects p JOIN organizations o ON o.id = p.organization_id),
         'pools', (SELECT coalesce(jsonb_agg(jsonb_build_object(
-                'id', id, 'name', name, 'slots', slots, 'running', pgd_pool_running(id))), '[]')
+                'id', id, 'name', name, 'slots', slots, 'running', pgd_pool_running(id),
+                'paused_at', paused_at, 'pause_reason', pause_reason, 'paused_by', paused_by)), '[]')
                     FROM pools),
         'grants', (SELECT coalesce(jsonb_agg(jsonb_build_array(project_id, pool_id)), '[]')
                      FROM project_pools),
@@ -207,7 +208,8 @@ $$;
 CREATE OR REPLACE FUNCTION pgd_reason_codes()
 RETURNS text[]
 LANGUAGE sql IMMUTABLE AS $$
-    SELECT ARRAY['dependency_pending', 'approval_required', 'project_paused', 'retry_delayed',
+    SELECT ARRAY['dependency_pending', 'approval_required', 'project_paused', 'pool_paused',
+                 'retry_delayed',
                  'no_authorized_runner', 'capacity_organization', 'capacity_project',
                  'capacity_pool', 'target_held', 'target_uncertain', 'runners_busy', 'ready']
 $$;

@@ -26,7 +26,7 @@ END;
 $$;
 
 -- The runner to wake for a job of pool p_pool_id that just became claimable, or NULL: a
--- runner serving the pool that is neither stopped nor draining, whose login may still take
+-- runner serving the pool that is neither stopped nor draining (nor drained by an operator), whose login may still take
 -- the pool (a revoked one is never chosen: pgd_runner_login_pools), with a free slot (its
 -- running attempts, attempts_runner_idx, fewer than its slots), whose registered listener
 -- session is alive (pg_stat_get_activity(listen_pid) is a session of this database named
@@ -46,6 +46,7 @@ DECLARE
 BEGIN
     FOR r IN SELECT w.id, w.listen_pid, w.slots, w.login FROM runners w
               WHERE w.listen_pid IS NOT NULL AND w.stopped_at IS NULL AND NOT w.draining
+                AND w.drain_requested_at IS NULL
                 AND p_pool_id = ANY (w.pool_ids)
               ORDER BY w.woken_at NULLS FIRST, w.id
     LOOP
@@ -59,6 +60,7 @@ BEGIN
         UPDATE runners w SET woken_at = clock_timestamp()
          WHERE w.id = (SELECT x.id FROM runners x WHERE x.id = r.id
                           AND x.stopped_at IS NULL AND NOT x.draining
+                          AND x.drain_requested_at IS NULL
                           FOR NO KEY UPDATE SKIP LOCKED)
         RETURNING w.id INTO v;
         IF v IS NOT NULL THEN

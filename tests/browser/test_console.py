@@ -91,6 +91,7 @@ def test_operator_pauses_a_project_and_the_queue_follows(live_server, context, w
 
     for name, path in [("overview", "/"), ("targets", "/targets/"),
                        ("job-detail", f"/jobs/{made['failed']['id']}"), ("runners", "/runners/"),
+                       ("pools", "/pools/"),
                        ("audit", "/audit/"), ("search", "/jobs/search?q=make"),
                        ("bulk-retry", "/jobs/bulk?action=retry")]:
         projects.goto(live_server + path)
@@ -155,3 +156,39 @@ def test_without_javascript_pages_read_and_plain_forms_work(live_server, browser
     finally:
         ctx.close()
     assert world.conn.execute("SELECT state FROM targets WHERE name = 'production'").fetchone()["state"] == "free"
+
+
+def test_operator_pauses_a_pool_and_drains_a_runner_in_place(live_server, context, world):
+    made = _populate(world)
+    job_id = made["waiting"]["id"]
+    queue = context.new_page()
+    _sign_in(queue, live_server, "alice")
+    reason = queue.locator(f"#queue-job-{job_id} .reason")
+    expect(reason).to_have_text("ready")
+
+    pools = context.new_page()
+    pools.goto(live_server + "/pools/")
+    row = pools.locator("tr", has_text="linux").first
+    row.locator("input[name=reason]").fill("kernel upgrade")
+    row.get_by_role("button", name="Pause").click()
+    expect(pools.locator("#flash")).to_contain_text("pool linux paused")
+    expect(row).to_contain_text("by alice")
+    expect(row.get_by_role("button", name="Resume")).to_be_visible()
+    assert pools.url.endswith("/pools/")  # swapped in place by htmx
+    expect(reason).to_have_text("pool_paused", timeout=5000)  # the queue's poll follows
+
+    runners = context.new_page()
+    runners.goto(live_server + "/runners/")
+    row = runners.locator("tr", has_text="build-1").first
+    row.locator("input[name=reason]").fill("host reboot")
+    row.locator("input[name=deadline_seconds]").fill("300")
+    row.get_by_role("button", name="Drain").click()
+    expect(runners.locator("#flash")).to_contain_text("drained")
+    expect(row).to_contain_text("draining")  # it still runs a build
+    expect(row).to_contain_text("host reboot")
+    expect(row.get_by_role("button", name="Resume")).to_be_visible()
+    assert runners.url.endswith("/runners/")
+    _shot(runners, "runners-drain")
+    assert world.conn.execute("SELECT count(*) AS n FROM audit_events WHERE actor = 'alice' AND "
+                              "action IN ('pause_pool', 'drain_runner')").fetchone()["n"] == 2
+    assert context.console_errors == []

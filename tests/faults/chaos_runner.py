@@ -7,7 +7,7 @@ schedule, step by step:
 * submits builds (some failing, some retried, some depending on earlier jobs, some needing
   approval) and deployments;
 * acts as operators on its own connection through ``pgdispatch.sql.transitions``: pause and resume
-  projects, cancel jobs, retry failed ones, approve, resolve uncertain targets;
+  projects and pools, drain and resume runners, cancel jobs, retry failed ones, approve, resolve uncertain targets;
 * injects faults: SIGKILL or SIGTERM of a scheduler (a replacement is started at once),
   ``pg_terminate_backend`` of a random pgdispatch backend (application_name
   ``pgdispatch…``; never the operator's or the checker's), and arming the proxy so that the
@@ -65,6 +65,12 @@ ACTIONS = {
     "resolve": 1.5,
     "retry": 0.7,
     "approve": 1.0,
+    # steering the fleet (issue 20): a pool paused and resumed, a runner drained (with or
+    # without a deadline) and resumed; the checker's "steering" check watches them
+    "pause_pool": 0.3,
+    "resume_pool": 0.8,
+    "drain_runner": 0.3,
+    "resume_runner": 0.8,
 }
 FAULTS = ("sigkill", "sigterm", "terminate_backend", "commit_drop")
 
@@ -389,6 +395,28 @@ class ChaosRun:
         if paused:
             self._act("resume", transitions.resume_project, project=self._pick(paused))
 
+    def _do_pause_pool(self) -> None:
+        self._act("pause_pool", transitions.pause_pool, pool=self.rng.choice(("linux", "deploy")),
+                  reason="chaos")
+
+    def _do_resume_pool(self) -> None:
+        paused = self._rows("SELECT name AS id FROM pools WHERE paused_at IS NOT NULL")
+        if paused:
+            self._act("resume_pool", transitions.resume_pool, pool=self._pick(paused))
+
+    def _do_drain_runner(self) -> None:
+        runner = self._pick(self._rows("SELECT id FROM runners WHERE stopped_at IS NULL "
+                                       "AND drain_requested_at IS NULL"))
+        if runner is not None:
+            self._act("drain_runner", transitions.drain_runner, runner_id=runner, reason="chaos",
+                      deadline_seconds=self.rng.choice((None, 0, 1, 3)))
+
+    def _do_resume_runner(self) -> None:
+        drained = self._rows("SELECT id FROM runners WHERE drain_requested_at IS NOT NULL "
+                             "AND stopped_at IS NULL")
+        if drained:
+            self._act("resume_runner", transitions.resume_runner, runner_id=self._pick(drained))
+
     def _do_cancel(self) -> None:
         job = self._pick(self._rows("SELECT id FROM jobs WHERE state IN "
                                     "('blocked', 'queued', 'running')"))
@@ -423,6 +451,11 @@ class ChaosRun:
         self.proxy.drop_after_commit.clear()
         for p in self._rows("SELECT name FROM projects WHERE paused_at IS NOT NULL"):
             self._act("resume", transitions.resume_project, project=p["name"])
+        for q in self._rows("SELECT name FROM pools WHERE paused_at IS NOT NULL"):
+            self._act("resume_pool", transitions.resume_pool, pool=q["name"])
+        for r in self._rows("SELECT id FROM runners WHERE drain_requested_at IS NOT NULL "
+                            "AND stopped_at IS NULL"):
+            self._act("resume_runner", transitions.resume_runner, runner_id=r["id"])
         self._reap_stopping(timeout_s=30)
 
         def settled() -> bool:

@@ -21,6 +21,9 @@ line for each fact that does not hold:
 * a target is ``held`` exactly when a running deployment holds it, ``uncertain`` exactly
   when an uncertain deployment holds it, and ``free`` when neither does.
 
+``steering_violations(conn)``: no attempt claimed in a pool while it was paused, nor by a
+runner after its drain (by the times the audit log records).
+
 ``snapshot(conn)`` returns every row these facts are about, to compare a state before a
 fault with the state after it ("nothing was half-applied").
 
@@ -227,3 +230,45 @@ def history_violations(conn) -> list[str]:
     with a successful attempt when it did not succeed, or with other than one when it did
     (none is right only after an operator resolved a lost deployment as succeeded)."""
     return [r["what"] for r in conn.execute(HISTORY_SQL).fetchall()]
+
+
+# The operators' steering (issue 20): the windows in which a pool was paused or a runner
+# drained, from the audit log -- from the time the transition stamped after its fence
+# (details.paused_at, details.drain_requested_at: sql/functions/operator.sql) to the `at` of
+# the resume that followed (none: still on) -- and the attempts claimed inside one.
+STEERING_SQL = """
+WITH pauses AS (
+    SELECT e.id, substr(e.subject, 6) AS pool, (e.details ->> 'paused_at')::timestamptz AS since,
+           (SELECT min(r.at) FROM audit_events r
+             WHERE r.subject = e.subject AND r.action = 'resume_pool' AND r.id > e.id) AS until
+      FROM audit_events e WHERE e.action = 'pause_pool'
+), drains AS (
+    SELECT e.id, substr(e.subject, 8)::bigint AS runner_id,
+           (e.details ->> 'drain_requested_at')::timestamptz AS since,
+           (SELECT min(r.at) FROM audit_events r
+             WHERE r.subject = e.subject AND r.action = 'resume_runner' AND r.id > e.id) AS until
+      FROM audit_events e WHERE e.action = 'drain_runner'
+)
+SELECT format('attempt %s (job %s) claimed in pool %s at %s, while paused since %s',
+              a.id, a.job_id, p.pool, a.claimed_at, p.since) AS what
+  FROM pauses p
+  JOIN pools q ON q.name = p.pool
+  JOIN jobs j ON j.pool_id = q.id
+  JOIN attempts a ON a.job_id = j.id
+ WHERE a.claimed_at >= p.since AND (p.until IS NULL OR a.claimed_at < p.until)
+UNION ALL
+SELECT format('attempt %s (job %s) claimed by runner %s at %s, after its drain at %s',
+              a.id, a.job_id, d.runner_id, a.claimed_at, d.since)
+  FROM drains d
+  JOIN attempts a ON a.runner_id = d.runner_id
+ WHERE a.claimed_at >= d.since AND (d.until IS NULL OR a.claimed_at < d.until)
+"""
+
+
+def steering_violations(conn) -> list[str]:
+    """Attempts claimed in a pool while it was paused, or by a runner after an operator's
+    drain of it committed (until the resume), by the times the audit log records: [] when
+    none. The pause and the drain stamp their time after waiting for the claims in flight,
+    so a claim that did not see one has an earlier claimed_at (docs/design.md, "Pausing a
+    pool, draining a runner")."""
+    return [r["what"] for r in conn.execute(STEERING_SQL).fetchall()]

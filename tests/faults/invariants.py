@@ -21,6 +21,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from .consistency import steering_violations
+
 JOB_STATES = ("blocked", "queued", "running", "succeeded", "failed", "cancelled", "uncertain")
 TERMINAL = ("succeeded", "failed", "cancelled")
 ATTEMPT_STATES = ("running", "succeeded", "failed", "expired", "cancelled", "lost")
@@ -42,6 +44,8 @@ CHECKS = (
     "target_overlap",     # no two deployment attempts to one target overlapped in time
     "receipts",           # each delivery receipt belongs to a finished attempt
     "dependencies",       # nothing ran before its dependencies succeeded; blocked counts agree
+    "steering",           # nothing claimed in a pool while it was paused, nor by a runner
+                          # after an operator's drain of it (by the audit log's times)
 )
 
 
@@ -59,7 +63,7 @@ def check_invariants(conn) -> list[str]:
         for check in (_job_state, _job_columns, _finished_at, _running_attempt,
                       _attempt_numbering, _attempt_overlap, _succeeded_once, _counters,
                       _stripes, _capacity_overlap, _target_holder, _target_overlap, _receipts,
-                      _dependencies):
+                      _dependencies, _steering):
             out += check(conn, snap)
     return out
 
@@ -425,3 +429,9 @@ def _dependencies(conn, s: _Snapshot) -> list[str]:
                 out.append(f"dependencies: job {job_id} ({j['state']}) still waits on "
                            f"dependencies that ended without success: {dead}")
     return out
+
+
+def _steering(conn, s: _Snapshot) -> list[str]:
+    # pause and drain windows from the audit log against the attempts' claimed_at
+    # (consistency.steering_violations), read in the same snapshot
+    return [f"steering: {v}" for v in steering_violations(conn)]

@@ -283,7 +283,25 @@ def _waits_on_a_failed_dependency(c, h):
     c.execute("UPDATE jobs SET pending_dependencies = 2 WHERE id = %s", (h.blocked,))
 
 
+def _claimed_in_a_paused_pool(c, h):
+    # a pause of the pool on record from a day ago, never resumed: every attempt of it since
+    # was claimed while it was paused
+    c.execute("""INSERT INTO audit_events (actor, action, subject, details)
+                 SELECT 'x', 'pause_pool', 'pool:' || q.name,
+                        jsonb_build_object('paused_at', now() - interval '1 day')
+                   FROM pools q WHERE q.id = (SELECT pool_id FROM jobs WHERE id = %s)""", (h.ok,))
+
+
+def _claimed_after_a_drain(c, h):
+    c.execute("""INSERT INTO audit_events (actor, action, subject, details)
+                 SELECT 'x', 'drain_runner', 'runner:' || a.runner_id,
+                        jsonb_build_object('drain_requested_at', now() - interval '1 day')
+                   FROM attempts a WHERE a.job_id = %s""", (h.ok,))
+
+
 CORRUPTIONS: list[tuple[str, Corruption]] = [
+    ("steering", _claimed_in_a_paused_pool),
+    ("steering", _claimed_after_a_drain),
     ("job_state", _invalid_state),
     ("job_columns", _generation_skipped),
     ("job_columns", _blocked_without_blocker),

@@ -82,8 +82,9 @@ def test_the_schedule_catches_a_claim_without_conditional_capacity(chaos, capsys
     the limits allow."""
     conn.execute(BROKEN_CLAIM_SQL)
     seed = fault_seed(os.environ)
-    # no pauses: a paused project idles the claimers, and this run must keep them busy
-    run = chaos(seed=seed, seconds=8.0, slots=4, actions=dict(ACTIONS, pause=0.0))
+    # no pauses nor drains: they idle the claimers, and this run must keep them busy
+    run = chaos(seed=seed, seconds=8.0, slots=4,
+                actions=dict(ACTIONS, pause=0.0, pause_pool=0.0, drain_runner=0.0))
     run.setup()
     run.run()
     summary = run.finish(drain_seconds=0.0)

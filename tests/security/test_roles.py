@@ -78,6 +78,13 @@ def forbidden_statements(conn, kind: str) -> list[str]:
                   f"DELETE FROM {t}", f"TRUNCATE {t}", f"ALTER TABLE {t} OWNER TO CURRENT_USER"]
         if kind == "scheduler":
             stmts.append(f"SELECT * FROM {t}")
+    if kind in ("scheduler", "reader"):
+        # steering the fleet (sql/functions/operator.sql): operators' and the console's only
+        stmts += ["SELECT pgd_pause_pool('linux', 'x', NULL)", "SELECT pgd_resume_pool('linux', NULL, NULL)",
+                  "SELECT pgd_drain_runner(1, NULL, 'x', NULL)", "SELECT pgd_resume_runner(1, NULL, NULL)"]
+    if kind in ("web", "reader", "operator", "admin"):
+        # the drain a scheduler reads with its beat: the scheduler's only
+        stmts += ["SELECT * FROM pgd_runner_drain(1)"]
     if kind == "scheduler":
         stmts += ["SELECT pgd_pause_project('web', 'x', NULL)",
                   "SELECT pgd_set_pool_slots('linux', 0, 1, NULL, NULL)",
@@ -448,3 +455,31 @@ def test_a_runner_host_cannot_hold_work_forever_nor_skip_a_release(world, db_url
                          (claim.attempt_id, claim.generation))
     assert len(world.row("attempts", claim.attempt_id)["output_tail"]) == 65536
     assert world.row("jobs", job)["state"] == "running"
+
+
+@pytest.mark.own_database
+def test_pause_and_drain_act_as_the_authenticated_actor_and_a_viewer_may_not(world, db_url, logins):
+    """The console's login names its user (an operator may, a viewer may not); a CLI login
+    acts as itself; the audit log says who."""
+    world.setup()
+    _users(world.conn)
+    runner = world.runner()
+    with db.connect(login_url(db_url, logins["web"])) as web:
+        with pytest.raises(Forbidden):
+            transitions.pause_pool(web, pool="linux", reason="r", actor="view")
+        with pytest.raises(Forbidden):
+            transitions.drain_runner(web, runner_id=runner, reason="r", actor="view")
+        transitions.pause_pool(web, pool="linux", reason="r", actor="op")
+        transitions.drain_runner(web, runner_id=runner, reason="r", actor="op")
+    with db.connect(login_url(db_url, logins["operator"])) as op:
+        transitions.resume_pool(op, pool="linux", actor=None)
+        transitions.resume_runner(op, runner_id=runner, actor=None)
+    with db.connect(login_url(db_url, logins["reader"])) as reader:
+        with pytest.raises(Forbidden):
+            transitions.pause_pool(reader, pool="linux", reason="r", actor=None)
+    events = [tuple(e.values()) for e in world.conn.execute(
+        "SELECT actor, login, action FROM audit_events WHERE action IN "
+        "('pause_pool', 'resume_pool', 'drain_runner', 'resume_runner') ORDER BY id")]
+    assert events == [("op", logins["web"], "pause_pool"), ("op", logins["web"], "drain_runner"),
+                      (logins["operator"], logins["operator"], "resume_pool"),
+                      (logins["operator"], logins["operator"], "resume_runner")]

@@ -242,9 +242,11 @@ def test_precedence_with_every_blocker_at_once_follows_design_order(world):
     (holder,) = fill(world, runner, 1, pool="deploy", target="production")
     job = world.job(pool="deploy", target="production", depends_on=[holder.job_id], requires_approval=True)
     transitions.pause_project(world.conn, project="web", reason="incident", actor="bob")
+    transitions.pause_pool(world.conn, pool="deploy", reason="incident", actor="bob")
     world.conn.execute("UPDATE runners SET last_heartbeat_at = now() - interval '1 hour'")
     _, _, _, codes = explain(world, job["id"])
-    assert codes == ["dependency_pending", "approval_required", "project_paused", "no_authorized_runner",
+    assert codes == ["dependency_pending", "approval_required", "project_paused", "pool_paused",
+                     "no_authorized_runner",
                      "capacity_organization", "capacity_project", "capacity_pool", "target_held"]
     assert codes == sorted(codes, key=REASON_CODES.index)
 
@@ -256,7 +258,8 @@ def test_overview_counts_every_reason_and_the_primary_ones_as_the_jobs_explain_t
     world.apply({
         "organizations": [{"name": "acme", "max_running": 100}, {"name": "globex", "max_running": 0}],
         "pools": [{"name": "linux", "slots": 100}, {"name": "deploy", "slots": 100},
-                  {"name": "mac", "slots": 0}, {"name": "arm", "slots": 10}],
+                  {"name": "mac", "slots": 0}, {"name": "arm", "slots": 10},
+                  {"name": "gpu", "slots": 10}],
         "projects": [
             {"name": "web", "organization": "acme", "pools": ["linux", "deploy"]},
             {"name": "api", "organization": "acme", "pools": ["linux"]},
@@ -264,10 +267,11 @@ def test_overview_counts_every_reason_and_the_primary_ones_as_the_jobs_explain_t
             {"name": "ios", "organization": "acme", "pools": ["mac"]},
             {"name": "embedded", "organization": "acme", "pools": ["arm"]},
             {"name": "shop", "organization": "globex", "pools": ["linux"]},
+            {"name": "ml", "organization": "acme", "pools": ["gpu"]},
         ],
         "targets": [{"name": "production"}, {"name": "staging"}],
     })
-    runner = world.runner(pools=("linux", "deploy", "mac"), slots=10)
+    runner = world.runner(pools=("linux", "deploy", "mac", "gpu"), slots=10)
     (build,) = fill(world, runner, 1)
     fill(world, runner, 1, pool="deploy", target="production")
     (lost,) = fill(world, runner, 1, pool="deploy", target="staging")
@@ -289,17 +293,23 @@ def test_overview_counts_every_reason_and_the_primary_ones_as_the_jobs_explain_t
     for _ in range(3):
         world.job(project="embedded", pool="arm")                        # no_authorized_runner
     world.job(project="shop")                                            # capacity_organization
+    world.job(project="ml", pool="gpu")                                  # pool_paused
+    world.job(project="ml", pool="gpu", delay_seconds=600)               # pool_paused (delayed too)
+    world.job(project="ml", pool="gpu", requires_approval=True)          # approval + pool_paused
     transitions.pause_project(world.conn, project="api", reason="freeze", actor="alice")
+    transitions.pause_pool(world.conn, pool="gpu", reason="driver update", actor="alice")
 
     transitions.summarize_queue(world.conn)
     data = reads.overview(world.conn)
     assert data["primary_counts"] == {
-        "dependency_pending": 1, "approval_required": 1, "project_paused": 2, "retry_delayed": 1,
+        "dependency_pending": 1, "approval_required": 2, "project_paused": 2, "pool_paused": 2,
+        "retry_delayed": 1,
         "no_authorized_runner": 3, "capacity_organization": 1, "capacity_project": 1,
         "capacity_pool": 2, "target_held": 1, "target_uncertain": 2, "runners_busy": 0, "ready": 2,
     }
-    assert data["reason_counts"]["approval_required"] == 2
-    assert data["waiting"] == sum(data["primary_counts"].values()) == 17
+    assert data["reason_counts"]["approval_required"] == 3
+    assert data["reason_counts"]["pool_paused"] == 3
+    assert data["waiting"] == sum(data["primary_counts"].values()) == 20
     # each waiting job's own reasons agree with the summary's counts, both ways of counting
     jobs = reads.list_waiting(world.conn, limit=100)["jobs"]
     firsts = [j["reasons"][0]["code"] for j in jobs]
@@ -308,7 +318,7 @@ def test_overview_counts_every_reason_and_the_primary_ones_as_the_jobs_explain_t
     assert {code: every.count(code) for code in REASON_CODES} == data["reason_counts"]
     # and the filter lists a job under any of its reasons, saying which matched
     approvals = reads.list_waiting(world.conn, reason="approval_required")["jobs"]
-    assert len(approvals) == 2 and gated["id"] in [j["id"] for j in approvals]
+    assert len(approvals) == 3 and gated["id"] in [j["id"] for j in approvals]
     row = next(j for j in approvals if j["id"] == gated["id"])
     assert (row["reason"], row["matched_reason"]) == ("dependency_pending", "approval_required")
     assert [(r["code"], r["is_primary"], r["is_match"]) for r in row["reasons"]] == [

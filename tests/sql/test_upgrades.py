@@ -169,7 +169,7 @@ def upgrade_into_a_cycle(db_url: str, tmp_path) -> tuple[dict, int]:
         inflight.execute("BEGIN")
         inflight.execute("SELECT 1 FROM attempts FOR NO KEY UPDATE")
         upgrader, result = _upgrade_in_thread(db_url, migrations_dir=migrations, functions_dir=functions)
-        _watch_for_lock_wait(watcher, "LOCK TABLE jobs")
+        _watch_for_lock_wait(watcher, "LOCK TABLE runners, jobs")
         inflight.execute("SELECT 1 FROM jobs WHERE id = %s FOR NO KEY UPDATE", (job["id"],))
         inflight.execute("COMMIT")
         upgrader.join(60)
@@ -197,7 +197,7 @@ def test_an_upgrade_that_times_out_behind_a_long_transaction_is_tried_again(db_u
         holder.execute("BEGIN")
         holder.execute("SELECT 1 FROM jobs WHERE id = %s FOR NO KEY UPDATE", (job["id"],))
         upgrader, result = _upgrade_in_thread(db_url, migrations_dir=migrations, functions_dir=functions)
-        _watch_for_lock_wait(watcher, "LOCK TABLE jobs")
+        _watch_for_lock_wait(watcher, "LOCK TABLE runners, jobs")
         time.sleep(5.5)  # past LOCK_TIMEOUT (5 s): the first try has given up by now
         holder.execute("COMMIT")
         upgrader.join(60)

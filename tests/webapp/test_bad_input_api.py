@@ -63,6 +63,9 @@ def state(conn) -> tuple:
             "FROM jobs ORDER BY id")],
         [tuple(r.values()) for r in conn.execute("SELECT name, paused_at FROM projects ORDER BY id")],
         [tuple(r.values()) for r in conn.execute("SELECT name, state FROM targets ORDER BY id")],
+        [tuple(r.values()) for r in conn.execute("SELECT name, paused_at FROM pools ORDER BY id")],
+        [tuple(r.values()) for r in conn.execute(
+            "SELECT id, drain_requested_at, drain_deadline FROM runners ORDER BY id")],
     )
 
 
@@ -126,7 +129,9 @@ def action_paths(stage) -> list[str]:
             f"/api/v1/jobs/{stage['job']}/approve", f"/api/v1/jobs/{stage['lost']}/retry",
             "/api/v1/projects/web/pause", "/api/v1/projects/web/resume",
             "/api/v1/targets/production/resolve", f"/api/v1/jobs/{stage['job']}/priority",
-            "/api/v1/jobs/bulk"]
+            "/api/v1/jobs/bulk",
+            "/api/v1/pools/deploy/pause", "/api/v1/pools/deploy/resume",
+            "/api/v1/runners/1/drain", "/api/v1/runners/1/resume"]
 
 
 @pytest.mark.parametrize("raw, content_type, statuses, fragment", UNREADABLE)
@@ -221,6 +226,15 @@ ACTION_BODIES = [
     ("/api/v1/targets/production/resolve", {"outcome": True, "note": "x"}, "outcome must be one of"),
     ("/api/v1/targets/production/resolve", {"outcome": "retry", "note": {"a": 1}},
      "note must be text, got an object"),
+    ("/api/v1/pools/deploy/pause", {}, "missing field 'reason'"),
+    ("/api/v1/pools/deploy/pause", {"reason": " "}, "reason must not be blank"),
+    ("/api/v1/pools/deploy/resume", {"reason": 7}, "reason must be text or null, got 7"),
+    ("/api/v1/runners/1/drain", {"deadline_seconds": 5}, "missing field 'reason'"),
+    ("/api/v1/runners/1/drain", {"reason": "x", "deadline_seconds": -1}, "deadline_seconds"),
+    ("/api/v1/runners/1/drain", {"reason": "x", "deadline_seconds": 2.5}, "deadline_seconds"),
+    ("/api/v1/runners/1/drain", {"reason": "x", "deadline_seconds": "9"}, "deadline_seconds"),
+    ("/api/v1/runners/1/drain", {"reason": "x", "deadline_seconds": 10**9}, "deadline_seconds"),
+    ("/api/v1/runners/1/resume", {"why": "x"}, "unknown field 'why'"),
     ("/jobs/{job}/approve", {"reason": False}, "reason must be text or null, got false"),
     ("/jobs/{job}/cancel", {"reason": 1.5}, "reason must be text or null, got 1.5"),
     ("/jobs/{lost}/retry", {"why": "x"}, "unknown field 'why'"),
@@ -276,6 +290,8 @@ PATHS = [
     ("GET", "/api/v1/jobs/search?q=%00make"), ("GET", "/api/v1/jobs/search?q=make&project=nope"),
     ("GET", "/api/v1/jobs/search?q=make&before_id=0"),
     ("POST", f"/api/v1/jobs/{2**63}/priority"), ("POST", "/api/v1/jobs/bulk?dry_run=1"),
+    ("POST", f"/api/v1/runners/{2**64}/drain"), ("POST", "/api/v1/runners/0/resume"),
+    ("POST", "/api/v1/pools/%00/pause"), ("POST", "/api/v1/pools/nope/resume"),
 ]
 
 

@@ -59,11 +59,12 @@ def test_every_reason_counted_and_the_same_as_each_jobs_explanation(operator, wo
     make_uncertain_target(world)                          # uncertain job on production
     world.apply({
         "organizations": [{"name": "tiny", "max_running": 0}],
-        "pools": [{"name": "gpu", "slots": 4}, {"name": "full", "slots": 0}, {"name": "arm", "slots": 4}],
+        "pools": [{"name": "gpu", "slots": 4}, {"name": "full", "slots": 0}, {"name": "arm", "slots": 4},
+                  {"name": "held", "slots": 4}],
         "projects": [{"name": "small", "organization": "tiny", "pools": ["linux"]},
                      {"name": "bounded", "organization": "acme", "pools": ["linux"], "max_running": 0},
                      {"name": "frozen", "organization": "acme", "pools": ["linux"]},
-                     {"name": "ml", "organization": "acme", "pools": ["gpu", "full", "arm"]}],
+                     {"name": "ml", "organization": "acme", "pools": ["gpu", "full", "arm", "held"]}],
         "targets": [{"name": "staging"}],
     })
     runner = world.runner(pools=("linux", "deploy", "full"), slots=10)
@@ -81,6 +82,9 @@ def test_every_reason_counted_and_the_same_as_each_jobs_explanation(operator, wo
     world.job(project="frozen", command=["y"], delay_seconds=600)           # project_paused + delay
     world.job(project="frozen", command=["z"], requires_approval=True)      # approval + paused
     transitions.pause_project(world.conn, project="frozen", reason="freeze", actor="alice")
+    world.job(project="ml", pool="held", command=["p"])                     # pool_paused
+    world.job(project="ml", pool="held", command=["p2"], requires_approval=True)  # approval + pool
+    transitions.pause_pool(world.conn, pool="held", reason="driver update", actor="alice")
     world.job(command=["later"], delay_seconds=3600)                        # retry_delayed
     world.job(project="ml", pool="gpu", command=["train"])                  # no_authorized_runner
     world.job(project="small", command=["s"])                               # capacity_organization

@@ -55,3 +55,36 @@ def test_runners_page_refuses_bad_input(operator, world):
     for query in ("show=everything", "show=stopped&before_id=abc", "show=stopped&limit=0"):
         response = operator.get(f"/runners/?{query}")
         assert response.status_code == 422, query
+
+
+# --- an operator's drain from the runners page ----------------------------------------------
+
+def test_operator_drains_and_resumes_a_runner_from_the_page(operator, viewer, world):
+    world.setup()
+    runner = world.runner()
+    assert "Drain" not in viewer.get("/runners/").get_data(as_text=True)
+    assert viewer.post(f"/runners/{runner}/drain", data={"reason": "x", "csrf_token": viewer.csrf}
+                       ).status_code == 403
+    page = operator.get("/runners/").get_data(as_text=True)
+    assert f'action="/runners/{runner}/drain"' in page and 'name="deadline_seconds"' in page
+    bad = operator.post(f"/runners/{runner}/drain",
+                        data={"reason": "x", "deadline_seconds": "1.5", "csrf_token": operator.csrf})
+    assert bad.status_code == 422 and b"deadline seconds" in bad.data
+    assert operator.post(f"/runners/{runner}/drain", data={"reason": "", "csrf_token": operator.csrf}
+                         ).status_code == 422
+    assert world.row("runners", runner)["drain_requested_at"] is None
+    htmx = operator.post(f"/runners/{runner}/drain",
+                         data={"reason": "host reboot", "deadline_seconds": "120",
+                               "csrf_token": operator.csrf}, headers={"HX-Request": "true"})
+    body = htmx.get_data(as_text=True)
+    assert htmx.status_code == 200 and body.lstrip().startswith(f'<tr id="runner-{runner}"')
+    assert "badge runner-drained" in body and "host reboot" in body and "builds handed back at" in body
+    assert "handed back after 120 s" in body  # the flash, out of band
+    twice = operator.post(f"/runners/{runner}/drain", data={"reason": "x", "csrf_token": operator.csrf})
+    assert twice.status_code == 409 and b"already drained by alice at" in twice.data
+    resumed = operator.post(f"/runners/{runner}/resume", data={"csrf_token": operator.csrf},
+                            headers={"HX-Request": "true"})
+    assert resumed.status_code == 200 and "badge runner-live" in resumed.get_data(as_text=True)
+    assert [e["action"] for e in world.conn.execute(
+        "SELECT action FROM audit_events WHERE subject = %s ORDER BY id", (f"runner:{runner}",))] == [
+        "drain_runner", "resume_runner"]

@@ -73,6 +73,8 @@ def test_every_post_route_writes_an_audit_event(app, signed_in, stage, world):
     jobs = stage["jobs"]
     bearer = {"Authorization": f"Bearer {stage['alice_token']}"}
     fresh = app.test_client()
+    runner = world.conn.execute("SELECT min(id) AS id FROM runners WHERE stopped_at IS NULL"
+                                ).fetchone()["id"]
 
     def sign_in(_rule):
         return login(fresh, "bob")
@@ -124,6 +126,17 @@ def test_every_post_route_writes_an_audit_event(app, signed_in, stage, world):
         "api.pause_project": (api({"reason": "freeze"}, name="ops"), "alice"),
         "api.resume_project": (api(name="tools"), "alice"),
         "api.resolve_target": None,  # set below: needs an uncertain target of its own
+        # (in rule order, as they run: each pause and drain before its resume)
+        "pools.pause": (lambda rule: form(operator, reason="kernel upgrade")(rule, name="linux"),
+                        "alice"),
+        "pools.resume": (lambda rule: form(operator)(rule, name="linux"), "alice"),
+        "runners.drain": (lambda rule: form(operator, reason="reboot", deadline_seconds="60")(
+            rule, runner_id=runner), "alice"),
+        "runners.resume": (lambda rule: form(operator)(rule, runner_id=runner), "alice"),
+        "api.pause_pool": (api({"reason": "freeze"}, name="linux"), "alice"),
+        "api.resume_pool": (api(name="linux"), "alice"),
+        "api.drain_runner": (lambda rule: api({"reason": "reboot"}, runner_id=runner)(rule), "alice"),
+        "api.resume_runner": (lambda rule: api(runner_id=runner)(rule), "alice"),
     }
     # the console resolves "production"; the API gets a second uncertain target
     make_uncertain_target(world, "staging", project="web")

@@ -1057,7 +1057,7 @@ def overview_cmd(obj: Context, as_json: bool) -> None:
     """What the console's overview says: how many jobs wait and why (every reason, and the
     primary one), the oldest waiting job per pool and primary reason (how long, since when),
     the capacity of organizations, projects and pools (pool slots and runner slots), the
-    uncertain targets and the paused projects."""
+    uncertain targets, the paused projects and the paused pools (when any)."""
     from pgdispatch.sql import reads
 
     with obj.connect() as conn:
@@ -1119,6 +1119,13 @@ def overview_cmd(obj: Context, as_json: bool) -> None:
                                      ("WHY", lambda p: _cut(p["pause_reason"], 60))], empty="")
     else:
         click.echo("paused projects: none")
+    if o.get("paused_pools"):
+        click.echo("")
+        click.echo("paused pools:")
+        table(o["paused_pools"], [("POOL", lambda q: q["name"]),
+                                  ("BY", lambda q: q["paused_by"] or "?"),
+                                  ("SINCE", lambda q: _when(q["paused_at"])),
+                                  ("WHY", lambda q: _cut(q["pause_reason"], 60))], empty="")
 
 
 @cli.group()

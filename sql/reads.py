@@ -137,7 +137,7 @@ def overview(conn, *, live_seconds: float = 90.0) -> dict[str, Any]:
         now; organizations, projects, pools (each with running, and a pool with
         ``runner_slots``, ``free_runner_slots``, ``live_runners`` of its live runners and
         ``waiting``: its blocked and queued jobs); targets (uncertain first);
-        ``paused_projects`` (with paused_by, paused_at, pause_reason);
+        ``paused_projects`` and ``paused_pools`` (with paused_by, paused_at, pause_reason);
         ``reason_counts`` (waiting jobs under every reason that holds for them),
         ``primary_counts`` (under their first reason only: these sum to ``waiting``),
         ``waiting``; ``oldest_waiting``: [{"pool", "reason" (primary), "since",
@@ -185,6 +185,8 @@ def overview(conn, *, live_seconds: float = 90.0) -> dict[str, Any]:
         "paused_projects": sorted((p for p in projects if p["paused_at"] is not None),
                                   key=lambda p: p["paused_at"]),
         "pools": pools,
+        "paused_pools": sorted((q for q in pools if q.get("paused_at") is not None),
+                               key=lambda q: q["paused_at"]),
         "targets": list(world.targets.values()),
         "reason_counts": every,
         "primary_counts": primary,
@@ -211,7 +213,8 @@ def overview_report(conn, *, live_seconds: float = 90.0) -> dict[str, Any]:
         "runner_slots", "free_runner_slots" (of its live runners), "live_runners",
         "waiting"}], "uncertain_targets": [{"name", "holder_job_id", "holder_project",
         "held_since"}], "paused_projects": [{"name", "organization", "paused_by",
-        "paused_at", "pause_reason"}], "jobs_by_state", "summary_age_seconds" (None before
+        "paused_at", "pause_reason"}], "paused_pools": [{"name", "paused_by", "paused_at",
+        "pause_reason"}], "jobs_by_state", "summary_age_seconds" (None before
         the summaries duty first ran)}. Every duration in seconds.
     """
     o = overview(conn, live_seconds=live_seconds)
@@ -231,6 +234,8 @@ def overview_report(conn, *, live_seconds: float = 90.0) -> dict[str, Any]:
                               for t in o["targets"] if t["state"] == "uncertain"],
         "paused_projects": [{k: p[k] for k in ("name", "organization", "paused_by", "paused_at",
                                                "pause_reason")} for p in o["paused_projects"]],
+        "paused_pools": [{k: q[k] for k in ("name", "paused_by", "paused_at", "pause_reason")}
+                         for q in o["paused_pools"]],
         "jobs_by_state": o["jobs_by_state"],
         "summary_age_seconds": o["summary_age_seconds"],
     }

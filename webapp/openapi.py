@@ -177,7 +177,7 @@ _LIST_PATHS: dict[str, Any] = {
                          parameters=_SEARCH_PARAMETERS, errors=_LIST),
     "/overview": _get("What the overview says: waiting jobs by every reason and by primary, "
                       "the oldest waiting per pool and primary reason, capacity, uncertain "
-                      "targets, paused projects", "getOverview", "Overview",
+                      "targets, paused projects and pools", "getOverview", "Overview",
                       errors=(401, 422, *_EVERY)),
 }
 _LIST_SCHEMAS: dict[str, Any] = {
@@ -369,6 +369,9 @@ _LIST_SCHEMAS: dict[str, Any] = {
                 "name": {"type": "string"}, "organization": {"type": "string"},
                 "paused_by": {"type": ["string", "null"]}, "paused_at": _NULLABLE_TIME,
                 "pause_reason": {"type": ["string", "null"]}}}},
+            "paused_pools": {"type": "array", "items": {"type": "object", "properties": {
+                "name": {"type": "string"}, "paused_by": {"type": ["string", "null"]},
+                "paused_at": _NULLABLE_TIME, "pause_reason": {"type": ["string", "null"]}}}},
             "jobs_by_state": {"type": "object", "additionalProperties": {"type": "integer"}},
             "summary_age_seconds": {"type": ["number", "null"],
                                     "description": "age of the queue summary (null: none yet)"},

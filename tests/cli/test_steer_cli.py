@@ -32,6 +32,9 @@ def test_pools_pause_and_resume_are_audited_conditional_and_shown(db_url, tmp_pa
     assert shown["paused_by"] == conn.info.user and shown["pause_reason"] == "kernel upgrade"
     assert "kernel upgrade" in pgd("pools", "list").stdout
     assert "kernel upgrade" in pgd("pools", "show", "linux").stdout
+    overview = pgd("overview").stdout
+    assert "paused pools:" in overview and "kernel upgrade" in overview
+    assert json.loads(pgd("overview", "--json").stdout)["paused_pools"][0]["name"] == "linux"
     resumed = json.loads(pgd("pools", "resume", "linux", "--reason", "done", "--json").stdout)
     assert resumed == {"pool": "linux", "paused_at": None}
     twice = pgd("pools", "resume", "linux", check=False)

@@ -50,6 +50,8 @@ def test_pause_and_resume_a_pool(api, world):
     assert listed[0]["paused_at"] is not None
     job = world.job()
     assert api("GET", f"/api/v1/jobs/{job['id']}/explain").get_json()["reason"] == "pool_paused"
+    overview = api("GET", "/api/v1/overview", user="victor").get_json()
+    assert [(q["name"], q["paused_by"]) for q in overview["paused_pools"]] == [("linux", "alice")]
     assert api("POST", "/api/v1/pools/linux/resume", user="victor").status_code == 403
     assert api("POST", "/api/v1/pools/linux/resume", json={"reason": "done"}).status_code == 200
     again = api("POST", "/api/v1/pools/linux/resume")

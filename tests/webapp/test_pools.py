@@ -80,3 +80,12 @@ def test_unknown_pool_is_404(operator, world):
     world.setup()
     assert operator.post("/pools/nope/pause", data={"reason": "x", "csrf_token": operator.csrf}
                          ).status_code == 404
+
+
+def test_the_overview_lists_a_paused_pool_with_who_when_why(operator, world):
+    world.setup()
+    operator.post("/pools/linux/pause", data={"reason": "kernel upgrade", "csrf_token": operator.csrf})
+    page = operator.get("/").get_data(as_text=True)
+    assert 'id="paused-pools"' in page and "paused by alice" in page and "kernel upgrade" in page
+    operator.post("/pools/linux/resume", data={"csrf_token": operator.csrf})
+    assert 'id="paused-pools"' not in operator.get("/").get_data(as_text=True)

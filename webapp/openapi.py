@@ -449,8 +449,7 @@ SPEC: dict[str, Any] = {
                 "required": ["id", "state", "project", "pool", "command"],
                 "properties": {
                     "id": {"type": "integer"},
-                    "state": {"enum": ["blocked", "queued", "running", "succeeded", "failed",
-                                       "cancelled", "uncertain"]},
+                    "state": {"enum": list(JOB_STATES)},
                     "project": {"type": "string"}, "organization": {"type": "string"},
                     "pool": {"type": "string"}, "target": {"type": ["string", "null"]},
                     "command": {"type": "array", "items": {"type": "string"}},

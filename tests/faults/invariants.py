@@ -21,8 +21,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-JOB_STATES = ("blocked", "queued", "running", "succeeded", "failed", "cancelled", "uncertain")
-TERMINAL = ("succeeded", "failed", "cancelled")
+JOB_STATES = ("blocked", "queued", "running", "succeeded", "failed", "cancelled", "uncertain",
+              "superseded")
+TERMINAL = ("succeeded", "failed", "cancelled", "superseded")
 ATTEMPT_STATES = ("running", "succeeded", "failed", "expired", "cancelled", "lost")
 
 CHECKS = (

@@ -793,7 +793,8 @@ def targets_list(obj: Context, as_json: bool) -> None:
 @_json_option("target")
 @click.pass_obj
 def targets_show(obj: Context, name: str, as_json: bool) -> None:
-    """One target: state, holder, the evidence of its last attempt, its last audit events."""
+    """One target: state, holder, the evidence of its last attempt, what runs next in its
+    deployment order (each with its reason), what was superseded, its last audit events."""
     from pgdispatch.sql import reads
 
     with obj.connect() as conn:
@@ -807,10 +808,30 @@ def targets_show(obj: Context, name: str, as_json: bool) -> None:
             ("approval", f"required, by {t['approver_role']}" if t["requires_approval"] else "not required"),
             ("last attempt", f"{t['attempt_id']} ({t['attempt_state']}) on {t['runner_name']}"
              if t["attempt_id"] else None),
-            ("last heartbeat", _when(t["last_heartbeat_at"]) if t["last_heartbeat_at"] else None)])
+            ("last heartbeat", _when(t["last_heartbeat_at"]) if t["last_heartbeat_at"] else None),
+            ("deploy order", t["deploy_order"].replace("_", " ")),
+            ("supersede", "every project's older waiting deployments" if t["supersede"] else
+             (f"for {', '.join(t['supersede_projects'])}" if t["supersede_projects"] else "no")),
+            ("superseded", f"{t['superseded']['total']} ({t['superseded']['last_hour']} in the last hour)")])
     if t["state"] == "uncertain":
         click.echo(f"\nresolve it: pgdispatch targets resolve {t['name']} --outcome "
                    "succeeded|failed|retry --note '…'")
+    nxt = t["next"]
+    shown = len(nxt["jobs"])
+    click.echo(f"\nnext, {nxt['deploy_order'].replace('_', ' ')} ({nxt['waiting']} waiting"
+               f"{f', the first {shown} shown' if nxt['waiting'] > shown else ''}):")
+    table([{**j, "n": i} for i, j in enumerate(nxt["jobs"], 1)],
+          [("#", lambda j: str(j["n"])), ("JOB", lambda j: str(j["job_id"]) + (" (next)" if j["is_head"] else "")),
+           ("PROJECT", lambda j: j["project"]), ("STATE", lambda j: j["state"]),
+           ("PRIORITY", lambda j: str(j["priority"])), ("REASON", lambda j: j["reason"]),
+           ("WHY", lambda j: _cut(j["message"], 80))],
+          empty="no deployment waiting")
+    if t["superseded"]["latest"]:
+        click.echo("\nsuperseded (latest):")
+        table(t["superseded"]["latest"],
+              [("JOB", lambda s: str(s["job_id"])), ("PROJECT", lambda s: s["project"]),
+               ("BY JOB", lambda s: str(s["superseded_by"] or "-")), ("AT", lambda s: _when(s["at"]))],
+              empty="")
     click.echo("")
     _audit_table(t["audit"])
 

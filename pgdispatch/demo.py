@@ -1,7 +1,8 @@
 """``pgdispatch demo``: the whole system on an embedded PostgreSQL, with a steady workload.
 
 Starts the embedded server, migrates, applies a demo configuration (two organizations with
-different limits, five projects, pools linux / macos / deploy, targets staging and production,
+different limits, five projects, pools linux / macos / deploy, targets staging (where a newer
+web or api deployment supersedes that project's older waiting ones) and production,
 one operator whose password is printed), two scheduler processes, the console, and a workload:
 builds of 1–8 s of which some fail and retry, pipelines whose deployments depend on builds, a
 production deployment that needs approval, and now and then a third scheduler killed with
@@ -71,12 +72,15 @@ name = "web"
 organization = "acme"
 pools = ["linux", "deploy"]
 weight = 2
+# a newer web deployment to staging supersedes web's older ones still waiting there
+supersede_targets = ["staging"]
 
 [[projects]]
 name = "api"
 organization = "acme"
 pools = ["linux", "deploy"]
 max_running = 3
+supersede_targets = ["staging"]
 
 [[projects]]
 name = "ios-app"

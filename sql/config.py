@@ -23,6 +23,8 @@ from .validate import _shown, check_int, check_text
 SECTIONS = ("organizations", "pools", "projects", "targets", "runners", "users")
 # who may approve a deployment to a protected target (targets.approver_role)
 APPROVER_ROLES = ("operator", "admin")
+# the order deployments to a target are claimed in (targets.deploy_order)
+DEPLOY_ORDERS = ("oldest_first", "newest_ready_first")
 # The names the tables' CHECKs accept (sql/schema.sql): checked here first, so that a bad
 # name is refused with its entry named instead of with the constraint's name.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
@@ -42,7 +44,8 @@ def _entries(doc: dict[str, Any], section: str, allowed: set[str], required: set
         missing = required - set(entry)
         if missing:
             raise InvalidInput(f"{where}: missing key {sorted(missing)[0]!r}")
-        for k in ("name", "username", "login", "organization", "role", "password_env", "approver_role"):
+        for k in ("name", "username", "login", "organization", "role", "password_env", "approver_role",
+                  "deploy_order"):
             if k in entry and not isinstance(entry[k], str):
                 raise InvalidInput(f"{where}: {k} must be a string")
         for k, pattern, allowed_chars in (("name", NAME_RE, "letters, digits, '_', '.', '-'"),
@@ -81,9 +84,11 @@ def load_config(text: str, env: dict[str, str] | None = None) -> dict[str, list[
         raise InvalidInput(f"unknown section {sorted(unknown)[0]!r}")
     orgs = _entries(doc, "organizations", {"name", "max_running"}, {"name", "max_running"})
     pools = _entries(doc, "pools", {"name", "slots"}, {"name", "slots"})
-    projects = _entries(doc, "projects", {"name", "organization", "pools", "weight", "max_running"},
+    projects = _entries(doc, "projects", {"name", "organization", "pools", "weight", "max_running",
+                                          "supersede_targets"},
                         {"name", "organization"})
-    targets = _entries(doc, "targets", {"name", "requires_approval", "approver_role"}, {"name"})
+    targets = _entries(doc, "targets", {"name", "requires_approval", "approver_role", "supersede",
+                                        "deploy_order"}, {"name"})
     # None: the file says nothing of runner hosts, and their grants stay as they are
     runners = (_entries(doc, "runners", {"login", "pools"}, {"login", "pools"})
                if "runners" in doc else None)
@@ -108,6 +113,12 @@ def load_config(text: str, env: dict[str, str] | None = None) -> dict[str, list[
             raise InvalidInput(f"project {e['name']} pools must be a list of pool names")
         for p in e["pools"]:
             check_text(f"project {e['name']} pool", p, max_len=63)
+        st = e.get("supersede_targets", [])
+        if not isinstance(st, list) or not all(isinstance(t, str) for t in st):
+            raise InvalidInput(f"project {e['name']} supersede_targets must be a list of target names")
+        for t in st:
+            check_text(f"project {e['name']} supersede target", t, max_len=63)
+        e["supersede_targets"] = sorted(set(st))
     for e in targets:
         check_text("target name", e["name"], max_len=63)
         if not isinstance(e.setdefault("requires_approval", False), bool):
@@ -117,6 +128,10 @@ def load_config(text: str, env: dict[str, str] | None = None) -> dict[str, list[
         e.setdefault("approver_role", "operator")
         if e["approver_role"] not in APPROVER_ROLES:
             raise InvalidInput(f"target {e['name']}: approver_role must be one of {', '.join(APPROVER_ROLES)}")
+        if not isinstance(e.setdefault("supersede", False), bool):
+            raise InvalidInput(f"target {e['name']}: supersede must be true or false")
+        if e.setdefault("deploy_order", "oldest_first") not in DEPLOY_ORDERS:
+            raise InvalidInput(f"target {e['name']}: deploy_order must be one of {', '.join(DEPLOY_ORDERS)}")
     for e in runners or []:
         if not isinstance(e["pools"], list) or not all(isinstance(p, str) for p in e["pools"]):
             raise InvalidInput(f"runner login {e['login']}: pools must be a list of pool names")
@@ -147,12 +162,16 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str | None) -> dict[str, int
         actor = conn.execute("SELECT session_user AS login").fetchone()["login"]
     org_names = {r["name"] for r in Q.list_organizations(conn)} | {o["name"] for o in cfg["organizations"]}
     pool_names = {r["name"] for r in Q.list_pools(conn)} | {p["name"] for p in cfg["pools"]}
+    target_names = set(Q.list_target_names(conn)) | {t["name"] for t in cfg["targets"]}
     for p in cfg["projects"]:
         if p["organization"] not in org_names:
             raise InvalidInput(f"project {p['name']}: unknown organization {p['organization']}")
         for pool in p["pools"]:
             if pool not in pool_names:
                 raise InvalidInput(f"project {p['name']}: unknown pool {pool}")
+        for target in p["supersede_targets"]:
+            if target not in target_names:
+                raise InvalidInput(f"project {p['name']}: supersede_targets names unknown target {target}")
         current = Q.get_project_organization(conn, name=p["name"])
         if current is not None and current != p["organization"]:
             raise InvalidInput(f"project {p['name']} belongs to {current}; it cannot move to {p['organization']}")
@@ -166,10 +185,12 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str | None) -> dict[str, int
     changed = 0
     for t in sorted(cfg["targets"], key=lambda e: e["name"]):
         changed += Q.upsert_target(conn, name=t["name"], requires_approval=t["requires_approval"],
-                                   approver_role=t["approver_role"])
+                                   approver_role=t["approver_role"], supersede=t["supersede"],
+                                   deploy_order=t["deploy_order"])
         # only a changed rule writes (and so locks) an existing target
         changed += Q.set_target_rule(conn, name=t["name"], requires_approval=t["requires_approval"],
-                                     approver_role=t["approver_role"])
+                                     approver_role=t["approver_role"], supersede=t["supersede"],
+                                     deploy_order=t["deploy_order"])
     # Then the existing rows are locked, in the documented lock order (projects, then
     # organizations, then pools, each kind by id), because an upsert locks its row even when
     # nothing changes; upserting in another order deadlocks against claims and completions.
@@ -194,6 +215,9 @@ def _apply(conn, cfg: dict[str, list[dict]], actor: str | None) -> dict[str, int
     for p in projects:
         changed += Q.set_project_pools(conn, project=p["name"], pools=p["pools"])
         changed += Q.revoke_other_pools(conn, project=p["name"], pools=p["pools"])
+        # a project-and-target pair that supersedes: exactly the listed targets
+        changed += Q.set_project_supersede_targets(conn, project=p["name"], targets=p["supersede_targets"])
+        changed += Q.revoke_other_supersede_targets(conn, project=p["name"], targets=p["supersede_targets"])
     if cfg["runners"] is not None:
         # A [[runners]] section is the whole truth about runner hosts: exactly these pools for
         # these logins, and none for a login it does not name. Claims only read the grants

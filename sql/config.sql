@@ -37,17 +37,40 @@ DELETE FROM project_pools pp USING projects p, pools q
 
 -- name: upsert_target!
 -- Declare a deployment target (idempotent by name; a new target is free), with its approval
--- rule; an existing target is left alone here (set_target_rule changes its rule).
-INSERT INTO targets (name, requires_approval, approver_role)
-VALUES (:name, :requires_approval, :approver_role)
+-- rule, supersede flag and deployment order; an existing target is left alone here
+-- (set_target_rule changes its rule).
+INSERT INTO targets (name, requires_approval, approver_role, supersede, deploy_order)
+VALUES (:name, :requires_approval, :approver_role, :supersede, :deploy_order)
 ON CONFLICT (name) DO NOTHING;
 
 -- name: set_target_rule!
--- A target's approval rule as declared; writes (and locks) the row only when it changed. The
--- rule applies to deployments submitted after it (their blocked state is kept on the job).
-UPDATE targets SET requires_approval = :requires_approval, approver_role = :approver_role
+-- A target's approval rule, supersede flag and deployment order as declared; writes (and
+-- locks) the row only when one changed. The approval rule applies to deployments submitted
+-- after it (their blocked state is kept on the job), supersede to the submits after it, the
+-- order to the next claim.
+UPDATE targets SET requires_approval = :requires_approval, approver_role = :approver_role,
+                   supersede = :supersede, deploy_order = :deploy_order
  WHERE name = :name
-   AND (requires_approval, approver_role) IS DISTINCT FROM (:requires_approval, :approver_role);
+   AND (requires_approval, approver_role, supersede, deploy_order)
+       IS DISTINCT FROM (:requires_approval, :approver_role, :supersede, :deploy_order);
+
+-- name: list_target_names$
+-- Every target's name. Read-only.
+SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM targets;
+
+-- name: set_project_supersede_targets!
+-- The targets a project's newer deployment supersedes its older waiting ones on (a
+-- project-and-target pair, project_target_supersede): add the missing ones.
+INSERT INTO project_target_supersede (project_id, target_id)
+SELECT p.id, t.id FROM projects p, targets t
+ WHERE p.name = :project AND t.name = ANY (CAST(:targets AS text[]))
+ON CONFLICT DO NOTHING;
+
+-- name: revoke_other_supersede_targets!
+-- The same: remove the pairs of the project not listed.
+DELETE FROM project_target_supersede s USING projects p, targets t
+ WHERE s.project_id = p.id AND s.target_id = t.id AND p.name = :project
+   AND NOT (t.name = ANY (CAST(:targets AS text[])));
 
 -- name: grant_runner_pools!
 -- Grant exactly these pools to a runner host's login: add the missing grants.

@@ -22,7 +22,7 @@ from .queries import Q
 REASON_CODES = (
     "dependency_pending", "approval_required", "project_paused", "pool_paused", "retry_delayed",
     "no_authorized_runner", "capacity_organization", "capacity_project", "capacity_pool",
-    "target_held", "target_uncertain", "runners_busy", "ready",
+    "target_order", "target_held", "target_uncertain", "runners_busy", "ready",
 )
 WAITING_STATES = ("blocked", "queued", "uncertain")
 # Reasons that hold for every waiting job of a (project, pool) alike, judged at read time
@@ -62,6 +62,9 @@ class World:
     runner_ids: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     # pool id -> logins of live runners that ask for it without its grant
     ungranted_logins: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    # target id -> its head: the ready deployment a claim takes next (pgd_target_head); only
+    # targets with one
+    target_heads: dict[int, int] = dataclasses.field(default_factory=dict)
 
 
 def _hhmm(ts: dt.datetime | None) -> str:
@@ -89,7 +92,12 @@ def read_world(conn, *, live_seconds: float = 90.0) -> World:
         runner_ids={r["pool_id"]: list(r["runner_ids"]) for r in live if r["runner_slots"] > 0},
         ungranted_logins={r["pool_id"]: list(r["ungranted_logins"]) for r in live
                           if r["ungranted_logins"]},
+        target_heads={r["target_id"]: r["head_job_id"] for r in Q.list_target_heads(conn)},
     )
+
+
+# targets.deploy_order in words, for the target_order reason and the target page
+DEPLOY_ORDER_WORDS = {"oldest_first": "oldest first", "newest_ready_first": "newest ready first"}
 
 
 def reasons_for(job: dict[str, Any], world: World,
@@ -192,6 +200,16 @@ def reasons_for(job: dict[str, Any], world: World,
                           f"pool {pool['name']}: {pool['running']} of {pool['slots']} pool slots taken",
                           {"pool": pool["name"], "running": pool["running"], "slots": pool["slots"],
                            "holders": {"pool": pool["name"]}}))
+    # a ready deployment that is not its target's head (sql/functions/claim.sql, "Deployment
+    # order"): ready as the claim means it, so a paused project's or a delayed one is not
+    head = world.target_heads.get(job["target_id"]) if target is not None else None
+    if (state == "queued" and job["ready_at"] <= world.now and project["paused_at"] is None
+            and head is not None and head != job["id"]):
+        order = target.get("deploy_order") or "oldest_first"
+        out.append(Reason("target_order",
+                          f"target {target['name']} deploys {DEPLOY_ORDER_WORDS[order]}: "
+                          f"job {head} is next",
+                          {"target": target["name"], "deploy_order": order, "next_job_id": head}))
     if target is not None and target["state"] == "held" and target["holder_job_id"] != job["id"]:
         out.append(Reason("target_held",
                           f"target {target['name']} held by job {target['holder_job_id']} "
@@ -279,7 +297,8 @@ def summary_reason_counts(summaries: list[dict[str, Any]], world: World) -> dict
     Blocked jobs split by their durable blocker; in a paused project every queued job is
     ``project_paused``, else in a paused pool ``pool_paused``; otherwise delayed jobs are ``retry_delayed``, and the ready ones of a
     (project, pool) take the first group-level reason that holds (no runner, capacity), else
-    those waiting on their target count as such, the rest ``runners_busy`` or ``ready``.
+    those waiting for their target's order (``target_order``: not its head) or on their target
+    count as such, the rest ``runners_busy`` or ``ready``.
     """
     counts = {code: 0 for code in REASON_CODES}
     for s in summaries:
@@ -293,9 +312,11 @@ def summary_reason_counts(summaries: list[dict[str, Any]], world: World) -> dict
             continue
         counts["retry_delayed"] += s["queued_delayed"]
         if codes[0] in LAST_REASONS:
+            counts["target_order"] += s["target_order"]
             counts["target_held"] += s["target_held"]
             counts["target_uncertain"] += s["target_uncertain"]
-            counts[codes[0]] += s["queued_ready"] - s["target_held"] - s["target_uncertain"]
+            counts[codes[0]] += (s["queued_ready"] - s["target_order"] - s["target_held"]
+                                 - s["target_uncertain"])
         else:
             counts[codes[0]] += s["queued_ready"]
     return counts
@@ -317,12 +338,15 @@ def summary_any_reason_counts(summaries: list[dict[str, Any]], world: World) -> 
         counts["approval_required"] += s["any_approval"]
         counts["target_held"] += s["any_target_held"]
         counts["target_uncertain"] += s["any_target_uncertain"]
+        # only ready jobs of unpaused projects have it (pgd_summarize_queue)
+        counts["target_order"] += s["target_order"]
         codes = _group_codes(s, world)
         if codes is None:
             continue
         counts["retry_delayed"] += s["queued_delayed"]
         if codes[0] in LAST_REASONS:
-            counts[codes[0]] += s["queued_ready"] - s["target_held"] - s["target_uncertain"]
+            counts[codes[0]] += (s["queued_ready"] - s["target_order"] - s["target_held"]
+                                 - s["target_uncertain"])
         else:
             waiting = (s["blocked_dependency"] + s["blocked_approval"] + s["queued_ready"]
                        + s["queued_delayed"])
@@ -351,6 +375,7 @@ def summary_oldest_waiting(summaries: list[dict[str, Any]],
         if codes is None:
             continue
         if codes[0] in LAST_REASONS:
+            put(s["pool"], "target_order", s["oldest_target_order_at"])
             put(s["pool"], "target_held", s["oldest_target_held_at"])
             put(s["pool"], "target_uncertain", s["oldest_target_uncertain_at"])
             put(s["pool"], codes[0], s["oldest_free_at"])

@@ -36,7 +36,8 @@ GRANT EXECUTE ON FUNCTION pgd_runner_drain TO pgdispatch_scheduler;
 -- shows, never a secret: users without password_hash, api_tokens without token_hash.
 GRANT SELECT ON organizations, pools, projects, project_pools, runners, targets, jobs,
                 job_dependencies, attempts, audit_events, queue_summaries, capacity_stripes,
-                capacity_debts, runner_grants, duty_leases, queue_history, queue_reason_history
+                capacity_debts, runner_grants, duty_leases, queue_history, queue_reason_history,
+                project_target_supersede
     TO pgdispatch_reader, pgdispatch_web;
 GRANT SELECT (id, username, role, created_at, disabled_at) ON users
     TO pgdispatch_reader, pgdispatch_web;
@@ -51,6 +52,10 @@ GRANT EXECUTE ON FUNCTION pgd_organization_running, pgd_pool_running, pgd_projec
 -- writes a job row evaluates it to maintain the index, and a search rechecks rows with it; a
 -- pure function of its argument that reveals nothing
 GRANT EXECUTE ON FUNCTION pgd_command_text TO PUBLIC;
+
+-- a target's head (its next deployment, sql/functions/claim.sql: a plain read of jobs,
+-- projects and targets) for jobs explain and the target page's "what runs next"
+GRANT EXECUTE ON FUNCTION pgd_target_head TO pgdispatch_reader, pgdispatch_web;
 -- which pools a runner host's login is granted, for the runners page and jobs explain (plain
 -- SQL functions over runner_grants and pg_roles: they reveal no secret)
 GRANT EXECUTE ON FUNCTION pgd_runner_login_pools, pgd_login_is_unbound, pgd_login_may_run,

@@ -183,7 +183,7 @@ UNION ALL
 SELECT 'uncertain', (SELECT count(*) FROM jobs WHERE state = 'uncertain')
 UNION ALL
 SELECT s.state, count(j.state)
-  FROM unnest(ARRAY['succeeded', 'failed', 'cancelled']) AS s(state)
+  FROM unnest(ARRAY['succeeded', 'failed', 'cancelled', 'superseded']) AS s(state)
   LEFT JOIN jobs j ON j.state = s.state AND j.finished_at > now() - interval '1 hour'
  GROUP BY s.state;
 
@@ -197,7 +197,7 @@ UNION ALL
 SELECT 'uncertain', (SELECT count(*) FROM jobs WHERE state = 'uncertain')
 UNION ALL
 SELECT s.state, count(j.state)
-  FROM unnest(ARRAY['succeeded', 'failed', 'cancelled']) AS s(state)
+  FROM unnest(ARRAY['succeeded', 'failed', 'cancelled', 'superseded']) AS s(state)
   LEFT JOIN jobs j ON j.state = s.state AND j.finished_at > now() - interval '1 hour'
  GROUP BY s.state;
 

@@ -619,7 +619,47 @@ def show_target(conn, *, name: str) -> dict[str, Any]:
     target = next((t for t in Q.list_targets(conn) if t["name"] == name), None)
     if target is None:
         raise NotFound(f"unknown target {_quoted(name)}")
-    return {**target, "audit": list_subject_events(conn, subject=f"target:{name}", limit=10)}
+    return {**target, "next": _target_next(conn, target), "superseded": _target_superseded(conn, target),
+            "audit": list_subject_events(conn, subject=f"target:{name}", limit=10)}
+
+
+# how many waiting deployments and superseded ones a target's page lists
+TARGET_NEXT_SHOWN = 20
+TARGET_SUPERSEDED_SHOWN = 10
+
+
+def _target_next(conn, target: dict[str, Any]) -> dict[str, Any]:
+    """What runs next on ``target``: {"deploy_order", "head_job_id" (the deployment a claim
+    takes next, pgd_target_head; None when none is ready), "waiting" (deployments waiting in
+    all), "jobs": at most TARGET_NEXT_SHOWN of them, the ready ones first in the target's
+    order, then the others: [{"job_id", "project", "pool", "state", "priority",
+    "created_at", "ready_at", "is_head", "is_ready", "reason", "message",
+    "reasons": [{"code", "message", "details"}]}]}."""
+    world = read_world(conn)
+    rows = list(Q.list_target_waiting(conn, target_id=target["id"], limit=TARGET_NEXT_SHOWN,
+                                      newest_first=target["deploy_order"] == "newest_ready_first"))
+    head = world.target_heads.get(target["id"])
+    jobs = []
+    for j in rows:
+        reasons = reasons_for(j, world)
+        jobs.append({"job_id": j["id"], "project": j["project"], "pool": j["pool"], "state": j["state"],
+                     "priority": j["priority"], "created_at": j["created_at"], "ready_at": j["ready_at"],
+                     "is_head": j["id"] == head, "is_ready": j["is_ready"],
+                     "reason": reasons[0].code, "message": reasons[0].message,
+                     "reasons": [r.as_dict() for r in reasons]})
+    return {"deploy_order": target["deploy_order"], "head_job_id": head,
+            "waiting": Q.count_target_waiting(conn, target_id=target["id"]), "jobs": jobs}
+
+
+def _target_superseded(conn, target: dict[str, Any]) -> dict[str, Any]:
+    """How many deployments to ``target`` ended superseded and by what: {"total",
+    "last_hour", "latest": at most TARGET_SUPERSEDED_SHOWN, newest first: [{"job_id",
+    "project", "superseded_by", "at"}]}."""
+    counts = Q.count_target_superseded(conn, target_id=target["id"])
+    latest = [{"job_id": r["id"], "project": r["project"], "superseded_by": r["superseded_by"],
+               "at": r["finished_at"]}
+              for r in Q.list_target_superseded(conn, target_id=target["id"], limit=TARGET_SUPERSEDED_SHOWN)]
+    return {"total": counts["total"], "last_hour": counts["last_hour"], "latest": latest}
 
 
 @transition("show_runner")

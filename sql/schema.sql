@@ -173,6 +173,15 @@ CREATE TABLE targets (
     -- database login) of at least approver_role who did not submit it (pgd_approve_job)
     requires_approval boolean NOT NULL DEFAULT false,
     approver_role text NOT NULL DEFAULT 'operator' CHECK (approver_role IN ('operator', 'admin')),
+    -- a newer deployment to this target supersedes every older one still waiting, of any
+    -- project (pgd_submit, sql/functions/submit.sql); project_target_supersede says the same
+    -- for one project's deployments only
+    supersede     boolean NOT NULL DEFAULT false,
+    -- which ready deployment to this target is claimed first (pgd_target_head,
+    -- sql/functions/claim.sql): oldest_first (priority, then the oldest id) or
+    -- newest_ready_first (priority, then the newest id)
+    deploy_order  text NOT NULL DEFAULT 'oldest_first'
+        CHECK (deploy_order IN ('oldest_first', 'newest_ready_first')),
     CHECK ((state = 'free') = (holder_job_id IS NULL)),
     CHECK ((state = 'free') = (held_since IS NULL))
 ) WITH (fillfactor = 50);
@@ -183,7 +192,8 @@ CREATE TABLE jobs (
     pool_id              bigint NOT NULL REFERENCES pools (id),
     target_id            bigint REFERENCES targets (id),
     state                text NOT NULL CHECK (state IN ('blocked', 'queued', 'running', 'succeeded',
-                                                        'failed', 'cancelled', 'uncertain')),
+                                                        'failed', 'cancelled', 'uncertain',
+                                                        'superseded')),
     priority             integer NOT NULL DEFAULT 0 CHECK (priority BETWEEN -1000 AND 1000),
     command              text[] NOT NULL CHECK (cardinality(command) BETWEEN 1 AND 256),
     timeout_seconds      integer NOT NULL DEFAULT 3600 CHECK (timeout_seconds BETWEEN 1 AND 604800),
@@ -209,7 +219,7 @@ CREATE TABLE jobs (
     CHECK (state <> 'blocked'
            OR pending_dependencies > 0
            OR (requires_approval AND approved_at IS NULL)),
-    CHECK ((state IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL)),
+    CHECK ((state IN ('succeeded', 'failed', 'cancelled', 'superseded')) = (finished_at IS NOT NULL)),
     CHECK (state <> 'uncertain' OR target_id IS NOT NULL)
 );
 
@@ -217,6 +227,13 @@ CREATE TABLE jobs (
 -- Partial, so finished history never enters the hot index.
 CREATE INDEX jobs_claim_idx ON jobs (project_id, pool_id, priority DESC, id) WHERE state = 'queued';
 CREATE INDEX jobs_blocked_idx ON jobs (project_id, pool_id) WHERE state = 'blocked';
+-- The target's head probe (pgd_target_head): queued deployments of one target by priority,
+-- then id either way (a fixed priority's ids scan both directions).
+CREATE INDEX jobs_target_queue_idx ON jobs (target_id, priority DESC, id)
+    WHERE state = 'queued' AND target_id IS NOT NULL;
+-- A target's superseded deployments, newest first, and their count (the target page).
+CREATE INDEX jobs_target_superseded_idx ON jobs (target_id, id) INCLUDE (finished_at)
+    WHERE state = 'superseded';
 -- Every job that is not running and not finished, by id: the queue page (keyset by id) and
 -- the queue summary read only these, however much finished history the table holds.
 CREATE INDEX jobs_waiting_idx ON jobs (id) INCLUDE (project_id, pool_id)
@@ -254,6 +271,16 @@ CREATE INDEX jobs_submitter_idx ON jobs (submitted_by, id);
 ALTER TABLE targets ADD CONSTRAINT targets_holder_job_fk
     FOREIGN KEY (holder_job_id) REFERENCES jobs (id);
 CREATE UNIQUE INDEX targets_holder_idx ON targets (holder_job_id) WHERE holder_job_id IS NOT NULL;
+
+-- A project-and-target pair that supersedes: a newer deployment of the project to the target
+-- supersedes that project's older waiting ones to it (`apply`: [[projects]]
+-- supersede_targets; pgd_submit).
+CREATE TABLE project_target_supersede (
+    project_id bigint NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    target_id  bigint NOT NULL REFERENCES targets (id),
+    PRIMARY KEY (project_id, target_id)
+);
+CREATE INDEX project_target_supersede_target_idx ON project_target_supersede (target_id);
 
 CREATE TABLE job_dependencies (
     job_id            bigint NOT NULL REFERENCES jobs (id),
@@ -369,6 +396,11 @@ CREATE TABLE queue_summaries (
     oldest_target_held_at timestamptz,
     oldest_target_uncertain_at timestamptz,
     oldest_free_at  timestamptz,
+    -- queued ready deployments that are not their target's head (reason target_order, which
+    -- comes before target_held: those are not counted in target_held / target_uncertain /
+    -- oldest_free_at), and the oldest ready_at among them
+    target_order    integer NOT NULL DEFAULT 0,
+    oldest_target_order_at timestamptz,
     PRIMARY KEY (project_id, pool_id)
 );
 

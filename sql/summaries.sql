@@ -25,7 +25,7 @@ SELECT s.project_id, p.name AS project, p.organization_id, s.pool_id, q.name AS 
        s.blocked_dependency, s.blocked_approval, s.oldest_ready_at, s.refreshed_at,
        s.any_approval, s.any_target_held, s.any_target_uncertain, s.oldest_dependency_at,
        s.oldest_approval_at, s.oldest_target_held_at, s.oldest_target_uncertain_at,
-       s.oldest_free_at,
+       s.oldest_free_at, s.target_order, s.oldest_target_order_at,
        extract(epoch FROM now() - s.refreshed_at)::float8 AS age_seconds
   FROM queue_summaries s
   JOIN projects p ON p.id = s.project_id

@@ -11,7 +11,8 @@ from .errors import InvalidInput
 from .settings import MAX_LEASE_SECONDS
 
 # Every state a job can be in (DESIGN.md, "Entities and states"; the jobs.state CHECK).
-JOB_STATES = ("blocked", "queued", "running", "uncertain", "succeeded", "failed", "cancelled")
+JOB_STATES = ("blocked", "queued", "running", "uncertain", "succeeded", "failed", "cancelled",
+              "superseded")
 
 MAX_ARG_CHARS = 16384
 MAX_COMMAND_CHARS = 65536

@@ -176,7 +176,7 @@ class _StateCollector:
                            "Targets whose deployment outcome is unknown.")
         uncertain.add_metric([], sum(1 for t in d["targets"] if t["state"] == "uncertain"))
         yield uncertain
-        jobs = _gauge("pgdispatch_jobs", "Jobs by state; succeeded, failed and cancelled: "
+        jobs = _gauge("pgdispatch_jobs", "Jobs by state; succeeded, failed, cancelled and superseded: "
                       "finished in the last hour.", ["state"])
         for state, n in sorted(d["jobs_by_state"].items()):
             jobs.add_metric([state], n)

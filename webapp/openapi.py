@@ -164,7 +164,9 @@ _LIST_PATHS: dict[str, Any] = {
                           "getPool", "PoolDetail", parameters=[_NAME]),
     "/targets": _get("Every target, uncertain first", "listTargets", "TargetList",
                      errors=(401, 422, *_EVERY)),
-    "/targets/{name}": _get("One target, with its last audit events", "getTarget",
+    "/targets/{name}": _get("One target: what runs next in its deployment order (each with "
+                            "its reason), what was superseded on it and by what, its last "
+                            "audit events", "getTarget",
                             "TargetDetail", parameters=[_NAME]),
     "/runners": _get("Runners seen or stopped within the hour", "listRunners", "RunnerList",
                      errors=(401, 422, *_EVERY)),
@@ -281,12 +283,54 @@ _LIST_SCHEMAS: dict[str, Any] = {
                               "holder_job_id": {"type": ["integer", "null"]},
                               "holder_project": {"type": ["string", "null"]},
                               "held_since": _NULLABLE_TIME,
-                              "requires_approval": {"type": "boolean"}}},
+                              "requires_approval": {"type": "boolean"},
+                              "supersede": {"type": "boolean",
+                                            "description": "a newer deployment supersedes every "
+                                                           "older one still waiting, of any project"},
+                              "supersede_projects": {
+                                  "type": "array", "items": {"type": "string"},
+                                  "description": "projects whose newer deployment supersedes their "
+                                                 "own older ones still waiting"},
+                              "deploy_order": {"enum": ["oldest_first", "newest_ready_first"]}}},
     "TargetList": {"type": "object", "required": ["targets"], "properties": {
         "targets": {"type": "array", "items": {"$ref": "#/components/schemas/Target"}}}},
     "TargetDetail": {"allOf": [{"$ref": "#/components/schemas/Target"}, {
-        "type": "object", "required": ["audit"], "properties": {
+        "type": "object", "required": ["audit", "next", "superseded"], "properties": {
+            "next": {"$ref": "#/components/schemas/TargetNext"},
+            "superseded": {"$ref": "#/components/schemas/TargetSuperseded"},
             "audit": {"type": "array", "items": {"$ref": "#/components/schemas/AuditEvent"}}}}]},
+    "TargetNext": {
+        "type": "object", "required": ["deploy_order", "head_job_id", "waiting", "jobs"],
+        "description": "the deployments waiting for the target, what runs next first: the ready "
+                       "ones in the target's order (the first is the head, claimed next), then "
+                       "the others in the same order; at most 20",
+        "properties": {
+            "deploy_order": {"enum": ["oldest_first", "newest_ready_first"]},
+            "head_job_id": {"type": ["integer", "null"],
+                            "description": "the ready deployment a claim takes next; null: none ready"},
+            "waiting": {"type": "integer", "description": "deployments waiting in all"},
+            "jobs": {"type": "array", "items": {
+                "type": "object",
+                "required": ["job_id", "project", "pool", "state", "priority", "is_head", "is_ready",
+                             "reason", "message", "reasons"],
+                "properties": {
+                    "job_id": {"type": "integer"}, "project": {"type": "string"},
+                    "pool": {"type": "string"}, "state": {"enum": ["queued", "blocked"]},
+                    "priority": {"type": "integer"},
+                    "created_at": {"type": "string", "format": "date-time"},
+                    "ready_at": {"type": "string", "format": "date-time"},
+                    "is_head": {"type": "boolean"}, "is_ready": {"type": "boolean"},
+                    "reason": {"enum": list(REASON_CODES)}, "message": {"type": "string"},
+                    "reasons": {"type": "array", "items": {"$ref": "#/components/schemas/Reason"}}}}}}},
+    "TargetSuperseded": {
+        "type": "object", "required": ["total", "last_hour", "latest"],
+        "properties": {
+            "total": {"type": "integer"}, "last_hour": {"type": "integer"},
+            "latest": {"type": "array", "description": "newest first, at most 10", "items": {
+                "type": "object", "required": ["job_id", "project", "superseded_by", "at"],
+                "properties": {"job_id": {"type": "integer"}, "project": {"type": "string"},
+                               "superseded_by": {"type": ["integer", "null"]},
+                               "at": {"type": "string", "format": "date-time"}}}}}},
     "Runner": {"type": "object", "required": ["id", "name", "slots", "slots_used", "pools", "is_live"],
                "properties": {"id": {"type": "integer"}, "name": {"type": "string"},
                               "hostname": {"type": "string"}, "slots": {"type": "integer"},
@@ -607,8 +651,7 @@ SPEC: dict[str, Any] = {
                 "required": ["id", "state", "project", "pool", "command"],
                 "properties": {
                     "id": {"type": "integer"},
-                    "state": {"enum": ["blocked", "queued", "running", "succeeded", "failed",
-                                       "cancelled", "uncertain"]},
+                    "state": {"enum": list(JOB_STATES)},
                     "project": {"type": "string"}, "organization": {"type": "string"},
                     "pool": {"type": "string"}, "target": {"type": ["string", "null"]},
                     "command": {"type": "array", "items": {"type": "string"}},

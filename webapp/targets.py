@@ -1,4 +1,5 @@
-"""Targets: who holds each and since when; resolve an uncertain one with its evidence beside."""
+"""Targets: who holds each and since when; resolve an uncertain one with its evidence beside;
+one target's page: what runs next in its order, and what was superseded."""
 
 from __future__ import annotations
 
@@ -26,6 +27,13 @@ def index():
     """Every target, uncertain first."""
     return render_view("targets/index.html", "targets/_list.html",
                        targets=reads.list_targets(get_conn()), resolutions=RESOLUTIONS)
+
+
+@bp.get("/<name>")
+def show(name: str):
+    """One target: holder, what runs next in its order with each one's reason, superseded."""
+    return render_view("targets/show.html", "targets/_show.html",
+                       t=reads.show_target(get_conn(), name=name), resolutions=RESOLUTIONS)
 
 
 @bp.post("/<name>/resolve")

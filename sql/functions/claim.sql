@@ -287,12 +287,59 @@ LANGUAGE sql STABLE AS $$
     SELECT coalesce((SELECT q.paused_at IS NOT NULL FROM pools q WHERE q.id = p_pool_id), true)
 $$;
 
+-- Deployment order. Deployments to one target are claimed in the target's order
+-- (targets.deploy_order) among its deployments that are ready: queued, ready_at reached,
+-- project and pool not paused. The first of them is
+-- the target's head, and a claim takes a deployment only when it is its target's head: a
+-- ready deployment that is not waits with reason target_order (sql/explain.py). Ready is
+-- what decides, so no order can leave a target idle while a deployment to it is ready: a
+-- delayed retry, a deployment blocked on an approval or a dependency is not ready, and the
+-- next ready one runs (GitLab's "newest first" deployed nothing while newer deployments
+-- kept arriving unready). A retry keeps its id, so it keeps its place in either order.
+
+-- The head of target p_target_id: its first ready deployment in its order, oldest_first
+-- (priority DESC, then id) or newest_ready_first (priority DESC, then id DESC); NULL when
+-- none is ready. Two probes of jobs_target_queue_idx for newest_ready_first: the highest
+-- ready priority, then the newest id at it (one index order cannot serve priority DESC with
+-- id DESC, and a fixed priority's ids scan both ways). Read without locks: a claim locks the
+-- job it takes (SKIP LOCKED) and its target; a head another claimer is taking is locked, so
+-- every other deployment to the target is passed over meanwhile, as it should be.
+CREATE OR REPLACE FUNCTION pgd_target_head(p_target_id bigint) RETURNS bigint
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    v_priority integer;
+    v_id       bigint;
+BEGIN
+    SELECT j.priority, j.id INTO v_priority, v_id
+      FROM jobs j
+     WHERE j.target_id = p_target_id AND j.state = 'queued' AND j.ready_at <= now()
+       AND NOT EXISTS (SELECT 1 FROM projects p WHERE p.id = j.project_id AND p.paused_at IS NOT NULL)
+       AND NOT EXISTS (SELECT 1 FROM pools q WHERE q.id = j.pool_id AND q.paused_at IS NOT NULL)
+     ORDER BY j.priority DESC, j.id
+     LIMIT 1;
+    IF v_id IS NULL
+       OR (SELECT t.deploy_order FROM targets t WHERE t.id = p_target_id) = 'oldest_first' THEN
+        RETURN v_id;
+    END IF;
+    RETURN (SELECT j.id
+              FROM jobs j
+             WHERE j.target_id = p_target_id AND j.state = 'queued' AND j.priority = v_priority
+               AND j.ready_at <= now()
+               AND NOT EXISTS (SELECT 1 FROM projects p
+                                WHERE p.id = j.project_id AND p.paused_at IS NOT NULL)
+               AND NOT EXISTS (SELECT 1 FROM pools q
+                                WHERE q.id = j.pool_id AND q.paused_at IS NOT NULL)
+             ORDER BY j.id DESC
+             LIMIT 1);
+END;
+$$;
+
 -- The next (organization, project, pool) combinations to try, best first under the fairness
 -- policy (docs/fairness.md): fewest running jobs per unit of weight, then the project
 -- claimed least recently, then by id. A combination qualifies when its project and its
 -- pool are not paused, its project is under its bound, its organization (unless p_org_id names one) and its pool
 -- have a stripe with room, and it has a job that is queued, ready and, for a deployment,
--- whose target is free. Read without locks: the claim re-checks each under its locks.
+-- whose target is free and whose target's head it is (pgd_target_head). Read without locks: the claim re-checks each under its locks.
 -- Every EXISTS is written `LIMIT 1 OFFSET 0` so that the planner keeps it a probe of one
 -- index entry instead of a join over all the rows (tests/sql/test_query_plan.py).
 CREATE OR REPLACE FUNCTION pgd_claim_candidates(p_pool_ids bigint[], p_org_id bigint)
@@ -323,8 +370,9 @@ LANGUAGE sql STABLE AS $$
                     WHERE j.project_id = p.id AND j.pool_id = pp.pool_id
                       AND j.state = 'queued' AND j.ready_at <= now()
                       AND (j.target_id IS NULL
-                           OR EXISTS (SELECT 1 FROM targets t
-                                       WHERE t.id = j.target_id AND t.state = 'free'))
+                           OR (EXISTS (SELECT 1 FROM targets t
+                                        WHERE t.id = j.target_id AND t.state = 'free')
+                               AND j.id = pgd_target_head(j.target_id)))
                     ORDER BY j.priority DESC, j.id
                     LIMIT 1 OFFSET 0)
      ORDER BY r.running::float8 / p.weight, p.last_claimed_at NULLS FIRST, p.id, pp.pool_id
@@ -359,7 +407,7 @@ $$;
 -- pgd_claim and pgd_claim_batch), from what the claim already read: p_later_candidates
 -- (candidates followed the one taken in pgd_claim_candidates' list), else one more queued,
 -- ready job of the project and pool just claimed from (a probe of jobs_claim_idx; a
--- deployment only while its target is free), other than p_taken. A hint, never a promise:
+-- deployment only while its target is free and it is the target's head), other than p_taken. A hint, never a promise:
 -- true may meet a job another claimer takes first (one empty claim), and false is corrected
 -- by the next poll or wake-up (scheduler/claiming.py).
 CREATE OR REPLACE FUNCTION pgd_more_waiting(p_later_candidates boolean, p_project_id bigint,
@@ -372,8 +420,9 @@ LANGUAGE sql STABLE AS $$
                       AND j.state = 'queued' AND j.ready_at <= now()
                       AND j.id <> ALL (p_taken)
                       AND (j.target_id IS NULL
-                           OR EXISTS (SELECT 1 FROM targets t
-                                       WHERE t.id = j.target_id AND t.state = 'free'))
+                           OR (EXISTS (SELECT 1 FROM targets t
+                                        WHERE t.id = j.target_id AND t.state = 'free')
+                               AND j.id = pgd_target_head(j.target_id)))
                     LIMIT 1 OFFSET 0)
 $$;
 
@@ -438,7 +487,9 @@ BEGIN
              WHERE j.project_id = c.project_id AND j.pool_id = c.pool_id
                AND j.state = 'queued' AND j.ready_at <= now()
                AND (j.target_id IS NULL
-                    OR EXISTS (SELECT 1 FROM targets t WHERE t.id = j.target_id AND t.state = 'free'))
+                    OR (EXISTS (SELECT 1 FROM targets t WHERE t.id = j.target_id AND t.state = 'free')
+                        -- only its target's head (the deployment order, above)
+                        AND j.id = pgd_target_head(j.target_id)))
              ORDER BY j.priority DESC, j.id
              LIMIT 1
                FOR NO KEY UPDATE OF j SKIP LOCKED;

@@ -24,7 +24,7 @@ CREATE OR REPLACE FUNCTION pgd_job_state_note(v jobs) RETURNS text
 LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN v.state = 'succeeded' THEN format('succeeded at %s', pgd_utc_text(v.finished_at))
-        WHEN v.state IN ('failed', 'cancelled') THEN
+        WHEN v.state IN ('failed', 'cancelled', 'superseded') THEN
             format('%s, at %s', coalesce(regexp_replace(left(v.last_error, 200), '\s+', ' ', 'g'), v.state),
                    pgd_utc_text(v.finished_at))
         WHEN v.state = 'running' AND v.cancel_requested_at IS NOT NULL THEN

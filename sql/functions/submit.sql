@@ -65,6 +65,9 @@ $$;
 -- insert. Raises PD404 unknown project, pool, target or dependency; PD422 pool not granted,
 -- a dependency already failed or cancelled, a delay outside 0..2592000 seconds; PD409 a key
 -- reused by a different request.
+-- Supersede: a new deployment to a superseding target (targets.supersede: every project's;
+-- project_target_supersede: this project's) ends the older ones in that scope still
+-- waiting (pgd_supersede_older), in this transaction. A repeated key supersedes nothing.
 CREATE OR REPLACE FUNCTION pgd_submit(p_project text, p_pool text, p_target text, p_command text[],
                                       p_priority integer, p_max_attempts integer, p_timeout_seconds integer,
                                       p_delay_seconds double precision, p_requires_approval boolean,
@@ -83,6 +86,7 @@ DECLARE
     v_unknown  bigint[];
     v_request  jsonb;
     v_approval boolean := coalesce(p_requires_approval, false);
+    v_scope    text;
 BEGIN
     p_submitted_by := pgd_authorize(p_submitted_by, 'operator');
     -- ready_at is now() plus the delay: at most 30 days (sql.transitions.submit checks the
@@ -106,7 +110,12 @@ BEGIN
     IF p_target IS NOT NULL THEN
         -- a protected target's rule, not the submission, decides: the submission may only
         -- add an approval, never remove one
-        SELECT id, v_approval OR requires_approval INTO v_target, v_approval
+        SELECT id, v_approval OR requires_approval,
+               CASE WHEN supersede THEN 'target'
+                    WHEN EXISTS (SELECT 1 FROM project_target_supersede s
+                                  WHERE s.project_id = v_project.id AND s.target_id = targets.id)
+                    THEN 'project' END
+          INTO v_target, v_approval, v_scope
           FROM targets WHERE name = p_target;
         IF NOT FOUND THEN
             RAISE EXCEPTION 'unknown target %', p_target USING ERRCODE = 'PD404';
@@ -120,6 +129,15 @@ BEGIN
             RETURN QUERY SELECT pgd_submit_repeat(v_id, v_request), false;
             RETURN;
         END IF;
+    END IF;
+    IF v_scope IS NOT NULL THEN
+        -- Serialise the submits that supersede on this target: taken before the job is
+        -- inserted (so the ids of those submits follow the order they hold the lock in, and
+        -- each sees every older one committed) and before any job row is locked (a submit
+        -- waiting here holds no row another one needs). Not the target row: jobs are
+        -- locked before targets (docs/design.md, "Lock order"), and a claim holds the
+        -- target row while it commits. Pair and target-wide scopes share the key.
+        PERFORM pg_advisory_xact_lock(pgd_supersede_lock_class(), v_target::integer);
     END IF;
 
     FOR v_dep IN
@@ -172,7 +190,58 @@ BEGIN
     END IF;
     PERFORM pgd_audit(p_submitted_by, 'submit_job', 'job:' || v_id, NULL,
                       jsonb_build_object('project', p_project, 'pool', p_pool, 'target', p_target));
+    IF v_scope IS NOT NULL THEN
+        PERFORM pgd_supersede_older(v_id, v_target, p_target,
+                                    CASE WHEN v_scope = 'project' THEN v_project.id END,
+                                    coalesce(p_depends_on, '{}'));
+    END IF;
     RETURN QUERY SELECT v_id, true;
+END;
+$$;
+
+-- The advisory lock class of the superseding submits (the first key of the two-key form; the
+-- second is the target id), apart from the claim locks' and the claim tokens' classes.
+CREATE OR REPLACE FUNCTION pgd_supersede_lock_class() RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT 1885828467 $$;  -- 'pgds' as four bytes
+
+-- Supersede: end every deployment to target p_target_id older than job p_new_id (a smaller
+-- id) that is still waiting (queued, or blocked on a dependency or an approval), of project
+-- p_project_id only when it is given (a project-and-target pair) — except the new job's own
+-- dependencies p_keep (it waits for them). Each ends 'superseded' (finished_at now,
+-- last_error "superseded by job N"), audited as the system's action (actor system, action
+-- supersede, details superseded_by and target), and its dependents are cancelled as a
+-- cancelled job's are. Running and uncertain deployments are never touched: the rows are
+-- locked by id (lock order: jobs by id), and a job a claim took meanwhile is no longer
+-- waiting when the lock is granted (READ COMMITTED re-reads it), so it is passed over.
+-- The caller holds the target's supersede lock (pgd_submit). Returns the ids superseded.
+CREATE OR REPLACE FUNCTION pgd_supersede_older(p_new_id bigint, p_target_id bigint, p_target text,
+                                               p_project_id bigint, p_keep bigint[])
+RETURNS bigint[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_ids bigint[];
+    v_id  bigint;
+BEGIN
+    v_ids := ARRAY(
+        SELECT j.id FROM jobs j
+         WHERE j.target_id = p_target_id AND j.state IN ('queued', 'blocked') AND j.id < p_new_id
+           AND (p_project_id IS NULL OR j.project_id = p_project_id)
+           AND j.id <> ALL (p_keep)
+         ORDER BY j.id
+           FOR NO KEY UPDATE);
+    IF cardinality(v_ids) = 0 THEN
+        RETURN v_ids;
+    END IF;
+    UPDATE jobs j
+       SET state = 'superseded', finished_at = now(),
+           last_error = format('superseded by job %s', p_new_id)
+     WHERE j.id = ANY (v_ids) AND j.state IN ('queued', 'blocked');
+    FOREACH v_id IN ARRAY v_ids LOOP
+        PERFORM pgd_audit('system', 'supersede', 'job:' || v_id, format('superseded by job %s', p_new_id),
+                          jsonb_build_object('superseded_by', p_new_id, 'target', p_target));
+        PERFORM pgd_cancel_dependents(v_id, format('dependency %s superseded', v_id));
+    END LOOP;
+    RETURN v_ids;
 END;
 $$;
 

@@ -12,25 +12,34 @@
 -- "Why is this job waiting?"): the per-job reasons (dependency, approval, delay, target)
 -- are counted here, the per-(project, pool) ones (paused, runners, capacity) are judged at
 -- read time from the small tables. A target "held" counts only when held by another job,
--- as explain's target_held.
+-- as explain's target_held. A ready deployment of a project not paused that is not its
+-- target's head (pgd_target_head, one probe per target) is target_order, which comes before
+-- target_held and target_uncertain: those and oldest_free_at count only the others.
 CREATE OR REPLACE FUNCTION pgd_summarize_queue()
 RETURNS void
 LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-    WITH flagged AS (
+    WITH heads AS MATERIALIZED (
+        SELECT t.id, t.state, t.holder_job_id, pgd_target_head(t.id) AS head_job_id FROM targets t
+    ), flagged AS (
         SELECT j.project_id, j.pool_id, j.state, j.ready_at, j.created_at,
                j.state = 'queued' AND j.ready_at <= now() AS is_ready,
                j.state = 'blocked' AND j.pending_dependencies > 0 AS is_dependency,
                j.requires_approval AND j.approved_at IS NULL AS is_approval,
                coalesce(t.state = 'held' AND t.holder_job_id IS DISTINCT FROM j.id, false) AS is_held,
-               coalesce(t.state = 'uncertain', false) AS is_uncertain
+               coalesce(t.state = 'uncertain', false) AS is_uncertain,
+               coalesce(j.state = 'queued' AND j.ready_at <= now() AND p.paused_at IS NULL
+                        AND t.head_job_id IS NOT NULL AND t.head_job_id <> j.id, false) AS is_order
           FROM jobs j
-          LEFT JOIN targets t ON t.id = j.target_id
+          JOIN projects p ON p.id = j.project_id
+          LEFT JOIN heads t ON t.id = j.target_id
          WHERE j.state IN ('queued', 'blocked')
     ), counts AS (
         SELECT project_id, pool_id,
                count(*) FILTER (WHERE is_ready) AS queued_ready,
-               count(*) FILTER (WHERE is_ready AND is_held) AS target_held,
-               count(*) FILTER (WHERE is_ready AND is_uncertain) AS target_uncertain,
+               count(*) FILTER (WHERE is_order) AS target_order,
+               min(ready_at) FILTER (WHERE is_order) AS oldest_target_order_at,
+               count(*) FILTER (WHERE is_ready AND is_held AND NOT is_order) AS target_held,
+               count(*) FILTER (WHERE is_ready AND is_uncertain AND NOT is_order) AS target_uncertain,
                count(*) FILTER (WHERE state = 'queued' AND NOT is_ready) AS queued_delayed,
                count(*) FILTER (WHERE is_dependency) AS blocked_dependency,
                count(*) FILTER (WHERE state = 'blocked' AND NOT is_dependency) AS blocked_approval,
@@ -40,9 +49,10 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
                count(*) FILTER (WHERE is_uncertain) AS any_target_uncertain,
                min(created_at) FILTER (WHERE is_dependency) AS oldest_dependency_at,
                min(created_at) FILTER (WHERE state = 'blocked' AND NOT is_dependency) AS oldest_approval_at,
-               min(ready_at) FILTER (WHERE is_ready AND is_held) AS oldest_target_held_at,
-               min(ready_at) FILTER (WHERE is_ready AND is_uncertain) AS oldest_target_uncertain_at,
-               min(ready_at) FILTER (WHERE is_ready AND NOT is_held AND NOT is_uncertain) AS oldest_free_at
+               min(ready_at) FILTER (WHERE is_ready AND is_held AND NOT is_order) AS oldest_target_held_at,
+               min(ready_at) FILTER (WHERE is_ready AND is_uncertain AND NOT is_order) AS oldest_target_uncertain_at,
+               min(ready_at) FILTER (WHERE is_ready AND NOT is_held AND NOT is_uncertain
+                                           AND NOT is_order) AS oldest_free_at
           FROM flagged
          GROUP BY project_id, pool_id
     ), upserted AS (
@@ -52,11 +62,12 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
                                           any_approval, any_target_held, any_target_uncertain,
                                           oldest_dependency_at, oldest_approval_at,
                                           oldest_target_held_at, oldest_target_uncertain_at,
-                                          oldest_free_at)
+                                          oldest_free_at, target_order, oldest_target_order_at)
         SELECT project_id, pool_id, queued_ready, target_held, target_uncertain, queued_delayed,
                blocked_dependency, blocked_approval, oldest_ready_at, now(),
                any_approval, any_target_held, any_target_uncertain, oldest_dependency_at,
-               oldest_approval_at, oldest_target_held_at, oldest_target_uncertain_at, oldest_free_at
+               oldest_approval_at, oldest_target_held_at, oldest_target_uncertain_at, oldest_free_at,
+               target_order, oldest_target_order_at
           FROM counts
         ON CONFLICT (project_id, pool_id) DO UPDATE
            SET queued_ready = excluded.queued_ready, target_held = excluded.target_held,
@@ -70,7 +81,9 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
                oldest_approval_at = excluded.oldest_approval_at,
                oldest_target_held_at = excluded.oldest_target_held_at,
                oldest_target_uncertain_at = excluded.oldest_target_uncertain_at,
-               oldest_free_at = excluded.oldest_free_at
+               oldest_free_at = excluded.oldest_free_at,
+               target_order = excluded.target_order,
+               oldest_target_order_at = excluded.oldest_target_order_at
         RETURNING s.project_id, s.pool_id
     )
     UPDATE queue_summaries s
@@ -78,7 +91,8 @@ LANGUAGE sql SECURITY DEFINER SET search_path = public, pg_temp AS $$
            blocked_dependency = 0, blocked_approval = 0, oldest_ready_at = NULL, refreshed_at = now(),
            any_approval = 0, any_target_held = 0, any_target_uncertain = 0,
            oldest_dependency_at = NULL, oldest_approval_at = NULL, oldest_target_held_at = NULL,
-           oldest_target_uncertain_at = NULL, oldest_free_at = NULL
+           oldest_target_uncertain_at = NULL, oldest_free_at = NULL, target_order = 0,
+           oldest_target_order_at = NULL
      WHERE NOT EXISTS (SELECT 1 FROM counts c WHERE c.project_id = s.project_id AND c.pool_id = s.pool_id)
 $$;
 
@@ -211,7 +225,8 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT ARRAY['dependency_pending', 'approval_required', 'project_paused', 'pool_paused',
                  'retry_delayed',
                  'no_authorized_runner', 'capacity_organization', 'capacity_project',
-                 'capacity_pool', 'target_held', 'target_uncertain', 'runners_busy', 'ready']
+                 'capacity_pool', 'target_order', 'target_held', 'target_uncertain',
+                 'runners_busy', 'ready']
 $$;
 
 -- Record the waiting jobs by primary reason for the current minute of queue_reason_history:

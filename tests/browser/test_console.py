@@ -33,6 +33,12 @@ def _populate(world) -> dict:
     transitions.expire_leases(world.conn)
     waiting = world.job(command=["make", "lint"])
     world.job(project="api", requires_approval=True, command=["make", "release"])
+    # staging: two deployments superseded by a third, then one more waiting behind it
+    world.apply({"targets": [{"name": "staging", "supersede": True, "deploy_order": "newest_ready_first"}]})
+    for n in range(3):
+        world.job(pool="deploy", target="staging", command=["deploy.sh", "staging", f"v{n + 1}"])
+    world.apply({"targets": [{"name": "staging", "deploy_order": "newest_ready_first"}]})
+    world.job(pool="deploy", target="staging", command=["deploy.sh", "staging", "v4"])
     transitions.summarize_queue(world.conn)
     for name, password in PASSWORDS.items():
         ensure_account(world.conn, name, password, "operator" if name == "alice" else "viewer")
@@ -89,7 +95,7 @@ def test_operator_pauses_a_project_and_the_queue_follows(live_server, context, w
     assert world.conn.execute("SELECT count(*) AS n FROM audit_events WHERE action = 'pause_project' "
                               "AND actor = 'alice'").fetchone()["n"] == 1
 
-    for name, path in [("overview", "/"), ("targets", "/targets/"),
+    for name, path in [("overview", "/"), ("targets", "/targets/"), ("target", "/targets/staging"),
                        ("job-detail", f"/jobs/{made['failed']['id']}"), ("runners", "/runners/"),
                        ("pools", "/pools/"),
                        ("audit", "/audit/"), ("search", "/jobs/search?q=make"),

@@ -156,3 +156,27 @@ def test_a_window_keeps_its_upper_bound_and_bad_numbers_exit_2(pgd, world):
         bad = pgd(*args, check=False)
         assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1, (args, bad.stderr)
         assert len(bad.stderr) < 200 and bad.stdout == "", (args, bad.stderr)
+
+
+def test_targets_show_lists_what_runs_next_in_order_and_what_was_superseded(pgd, world):
+    world.apply({"targets": [{"name": "production", "supersede": True}]})
+    old = world.job(pool="deploy", target="production", command=["deploy"])["id"]
+    world.apply({"targets": [{"name": "production", "deploy_order": "newest_ready_first", "supersede": True}]})
+    mid = world.job(pool="deploy", target="production", command=["deploy"])["id"]
+    world.apply({"targets": [{"name": "production", "deploy_order": "newest_ready_first"}]})
+    new = world.job(pool="deploy", target="production", command=["deploy"])["id"]
+    world.runner(pools=("deploy",), name="r-deploy")
+    out = pgd("targets", "show", "production").stdout
+    assert "deploy order:   newest ready first" in out
+    assert "superseded:     1 (1 in the last hour)" in out
+    lines = out.splitlines()
+    at = lines.index("next, newest ready first (2 waiting):")
+    assert lines[at + 1].split()[:3] == ["#", "JOB", "PROJECT"]
+    assert lines[at + 2].split()[:4] == ["1", str(new), "(next)", "web"] and "ready" in lines[at + 2]
+    assert lines[at + 3].split()[:2] == ["2", str(mid)]
+    assert f"target production deploys newest ready first: job {new} is next" in lines[at + 3]
+    sup = lines.index("superseded (latest):")
+    assert lines[sup + 2].split()[:3] == [str(old), "web", str(mid)]
+    shown = json.loads(pgd("targets", "show", "production", "--json").stdout)
+    assert [j["job_id"] for j in shown["next"]["jobs"]] == [new, mid]
+    assert shown["superseded"]["latest"][0]["superseded_by"] == mid

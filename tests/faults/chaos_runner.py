@@ -1,8 +1,9 @@
 """The randomized fault schedule (issue 3, scenario C), driven by one seeded ``random.Random``.
 
 Real scheduler processes (one of them talking to PostgreSQL through a commit-dropping
-proxy, chaos_proxy.ChaosProxy) run builds and deployments to three targets while the
-schedule, step by step:
+proxy, chaos_proxy.ChaosProxy) run builds and deployments to three targets (one superseding
+every project's older waiting deployments and deploying newest ready first, one superseding
+only ops' own, one neither) while the schedule, step by step:
 
 * submits builds (some failing, some retried, some depending on earlier jobs, some needing
   approval) and deployments;
@@ -47,9 +48,13 @@ CONFIG = {
     "projects": [
         {"name": "web", "organization": "acme", "pools": ["linux", "deploy"], "max_running": 3},
         {"name": "api", "organization": "acme", "pools": ["linux"]},
-        {"name": "ops", "organization": "globex", "pools": ["linux", "deploy"], "weight": 2},
+        {"name": "ops", "organization": "globex", "pools": ["linux", "deploy"], "weight": 2,
+         "supersede_targets": ["staging"]},
     ],
-    "targets": [{"name": t} for t in TARGETS],
+    # canary supersedes (every project's older waiting deployments) and deploys newest ready
+    # first; staging supersedes ops' own (a project-and-target pair); production neither
+    "targets": [{"name": "production"}, {"name": "staging"},
+                {"name": "canary", "supersede": True, "deploy_order": "newest_ready_first"}],
 }
 
 # What one step of the schedule may do, with its weight.
@@ -465,14 +470,14 @@ class ChaosRun:
                                 "requires_approval AND approved_at IS NULL ORDER BY id"):
                 self._act("approve", transitions.approve_job, job_id=j["id"])
             left = self._rows("SELECT count(*) AS n FROM jobs WHERE state NOT IN "
-                              "('succeeded', 'failed', 'cancelled')")[0]["n"]
+                              "('succeeded', 'failed', 'cancelled', 'superseded')")[0]["n"]
             return left == 0
 
         try:
             wait_until(settled, what="the drain", timeout_s=timeout_s, interval_s=0.3)
         except AssertionError:
             stuck = self._rows("SELECT id, state, ready_at, last_error FROM jobs WHERE state "
-                               "NOT IN ('succeeded', 'failed', 'cancelled') ORDER BY id")
+                               "NOT IN ('succeeded', 'failed', 'cancelled', 'superseded') ORDER BY id")
             self.violations.append(f"liveness: {len(stuck)} jobs unfinished after "
                                    f"{timeout_s:g} s of draining: {stuck[:10]}")
             for j in stuck:

@@ -215,11 +215,18 @@ UNION ALL
 SELECT format('job %s ended %s with %s succeeded and %s running attempts', j.id, j.state,
               coalesce(pj.successes, 0), coalesce(pj.running, 0))
   FROM jobs j LEFT JOIN per_job pj ON pj.job_id = j.id
- WHERE j.state IN ('succeeded', 'failed', 'cancelled')
+ WHERE j.state IN ('succeeded', 'failed', 'cancelled', 'superseded')
    AND (coalesce(pj.running, 0) <> 0
         OR coalesce(pj.successes, 0) > CASE j.state WHEN 'succeeded' THEN 1 ELSE 0 END
         -- a success with no successful attempt only by an operator's word on a lost one
         OR (j.state = 'succeeded' AND coalesce(pj.successes, 0) = 0 AND coalesce(pj.lost, 0) = 0))
+UNION ALL
+SELECT format('job %s was superseded at %s but attempt %s (%s) was claimed at %s', j.id, e.at,
+              a.id, a.state, a.claimed_at)
+  FROM jobs j
+  JOIN audit_events e ON e.job_id = j.id AND e.action = 'supersede'
+  JOIN attempts a ON a.job_id = j.id
+ WHERE a.claimed_at >= e.at OR a.state = 'running'
 """
 
 
@@ -228,7 +235,8 @@ def history_violations(conn) -> list[str]:
     attempt number, two attempts of one job whose ``[claimed_at, finished_at)`` overlap (a
     running attempt's interval never ends), or an ended job with an attempt still running,
     with a successful attempt when it did not succeed, or with other than one when it did
-    (none is right only after an operator resolved a lost deployment as succeeded)."""
+    (none is right only after an operator resolved a lost deployment as succeeded), or a
+    superseded job with an attempt claimed after it was superseded, or still running."""
     return [r["what"] for r in conn.execute(HISTORY_SQL).fetchall()]
 
 

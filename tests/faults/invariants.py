@@ -23,8 +23,9 @@ from typing import Any
 
 from .consistency import steering_violations
 
-JOB_STATES = ("blocked", "queued", "running", "succeeded", "failed", "cancelled", "uncertain")
-TERMINAL = ("succeeded", "failed", "cancelled")
+JOB_STATES = ("blocked", "queued", "running", "succeeded", "failed", "cancelled", "uncertain",
+              "superseded")
+TERMINAL = ("succeeded", "failed", "cancelled", "superseded")
 ATTEMPT_STATES = ("running", "succeeded", "failed", "expired", "cancelled", "lost")
 
 CHECKS = (
@@ -46,6 +47,8 @@ CHECKS = (
     "dependencies",       # nothing ran before its dependencies succeeded; blocked counts agree
     "steering",           # nothing claimed in a pool while it was paused, nor by a runner
                           # after an operator's drain of it (by the audit log's times)
+    "supersede",          # a superseded job: by a newer deployment to its target, audited, never
+                          # claimed after; never two survivors on a superseding target
 )
 
 
@@ -63,7 +66,7 @@ def check_invariants(conn) -> list[str]:
         for check in (_job_state, _job_columns, _finished_at, _running_attempt,
                       _attempt_numbering, _attempt_overlap, _succeeded_once, _counters,
                       _stripes, _capacity_overlap, _target_holder, _target_overlap, _receipts,
-                      _dependencies, _steering):
+                      _dependencies, _steering, _supersede):
             out += check(conn, snap)
     return out
 
@@ -94,6 +97,20 @@ class _Snapshot:
             "SELECT kind, owner_id, owed FROM capacity_debts").fetchall()}
         self.stripes_per_owner = conn.execute(
             "SELECT pgd_capacity_stripes() AS n").fetchone()["n"]
+        # the system's supersede events (sql/functions/submit.sql, pgd_supersede_older)
+        self.supersedes = {r["job_id"]: r for r in conn.execute("""
+            SELECT job_id, at, actor, (details ->> 'superseded_by')::bigint AS superseded_by,
+                   details ->> 'target' AS target
+              FROM audit_events WHERE action = 'supersede'""").fetchall()}
+        # a superseding target's scope: every project's deployments (supersede), or the
+        # projects of its pairs (project_target_supersede)
+        self.supersede_scopes = {r["id"]: r for r in conn.execute("""
+            SELECT t.id, t.name, t.supersede,
+                   ARRAY(SELECT s.project_id FROM project_target_supersede s
+                          WHERE s.target_id = t.id) AS projects
+              FROM targets t""").fetchall()}
+        self.dependencies = {(r["job_id"], r["depends_on_job_id"]) for r in conn.execute(
+            "SELECT job_id, depends_on_job_id FROM job_dependencies").fetchall()}
         self.by_job: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for a in self.attempts:
             self.by_job[a["job_id"]].append(a)
@@ -435,3 +452,55 @@ def _steering(conn, s: _Snapshot) -> list[str]:
     # pause and drain windows from the audit log against the attempts' claimed_at
     # (consistency.steering_violations), read in the same snapshot
     return [f"steering: {v}" for v in steering_violations(conn)]
+
+def _supersede(conn, s: _Snapshot) -> list[str]:
+    """A superseded job was superseded by a newer deployment to its own target (its audit
+    event, actor system, says which), and no attempt of it was claimed after that or runs
+    now. Never two survivors: on a target that supersedes for a job's project, no deployment
+    that never ran is still waiting (queued or blocked) beside a newer one in the same scope
+    (other than one the newer waits for: pgd_supersede_older keeps the new job's
+    dependencies), since the newer one's submit would have superseded it."""
+    out = []
+    for j in s.jobs.values():
+        event = s.supersedes.get(j["id"])
+        if j["state"] != "superseded":
+            if event is not None:
+                out.append(f"supersede: job {j['id']} is {j['state']} but was superseded by job "
+                           f"{event['superseded_by']} at {event['at']}")
+            continue
+        if event is None:
+            out.append(f"supersede: job {j['id']} is superseded with no supersede event")
+            continue
+        by = s.jobs.get(event["superseded_by"])
+        if event["actor"] != "system" or by is None or by["id"] <= j["id"] or by["target_id"] != j["target_id"]:
+            out.append(f"supersede: job {j['id']} (target {j['target_id']}) superseded by job "
+                       f"{event['superseded_by']} (target {by and by['target_id']}), actor "
+                       f"{event['actor']}: not a newer deployment to its target")
+        for a in s.by_job.get(j["id"], []):
+            if a["state"] == "running" or a["claimed_at"] >= event["at"]:
+                out.append(f"supersede: job {j['id']} superseded at {event['at']} but attempt "
+                           f"{a['id']} ({a['state']}) was claimed at {a['claimed_at']}")
+    waiting: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for j in s.jobs.values():
+        if j["target_id"] is not None and j["state"] in ("queued", "blocked", "running",
+                                                         "uncertain", "succeeded", "failed",
+                                                         "cancelled", "superseded"):
+            waiting[j["target_id"]].append(j)
+    for target_id, jobs in waiting.items():
+        scope = s.supersede_scopes.get(target_id)
+        if scope is None or not (scope["supersede"] or scope["projects"]):
+            continue
+        jobs.sort(key=lambda j: j["id"])
+        for old in jobs:
+            if old["state"] not in ("queued", "blocked") or old["attempts_made"] > 0:
+                continue
+            if not scope["supersede"] and old["project_id"] not in scope["projects"]:
+                continue
+            for new in jobs:
+                if (new["id"] > old["id"]
+                        and (scope["supersede"] or new["project_id"] == old["project_id"])
+                        and (new["id"], old["id"]) not in s.dependencies):
+                    out.append(f"supersede: target {scope['name']}: job {old['id']} ({old['state']}) "
+                               f"still waits although job {new['id']} ({new['state']}) is newer")
+                    break
+    return out

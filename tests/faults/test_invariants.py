@@ -44,6 +44,8 @@ class History:
     blocked: int         # build, waits on `queued`
     running_attempt: int
     deploying_attempt: int
+    superseded: int      # deployment to canary (supersede = true), superseded by `superseding`
+    superseding: int     # deployment to canary, waiting (delayed)
 
 
 def _fast_fail(world, claim):
@@ -83,7 +85,11 @@ def history(world) -> History:
     transitions.cancel_job(world.conn, job_id=cancelled["id"], actor="test")
     queued = world.job(delay_seconds=3600)
     blocked = world.job(depends_on=[queued["id"]])
-    return History(ok=ok["id"], retried=retried["id"], failed=failed["id"],
+    world.apply({"targets": [{"name": "canary", "supersede": True}]})
+    superseded = world.job(target="canary", delay_seconds=3600)
+    superseding = world.job(target="canary", delay_seconds=3600)
+    return History(superseded=superseded["id"], superseding=superseding["id"],
+                   ok=ok["id"], retried=retried["id"], failed=failed["id"],
                    cancelled=cancelled["id"], deployed=deployed["id"], lost=lost["id"],
                    running=running["id"], deploying=deploying["id"], queued=queued["id"],
                    blocked=blocked["id"], running_attempt=c_run.attempt_id,
@@ -137,8 +143,9 @@ def test_the_healthy_history_has_no_violations(world, history):
     assert states[history.lost] == "uncertain" and states[history.deploying] == "running"
     assert states[history.blocked] == "blocked" and states[history.cancelled] == "cancelled"
     held = world.conn.execute("SELECT name, state FROM targets ORDER BY name").fetchall()
-    assert [(t["name"], t["state"]) for t in held] == [("production", "held"),
+    assert [(t["name"], t["state"]) for t in held] == [("canary", "free"), ("production", "held"),
                                                        ("staging", "uncertain")]
+    assert (states[history.superseded], states[history.superseding]) == ("superseded", "queued")
 
 
 def test_an_empty_database_has_no_violations(conn):
@@ -298,6 +305,20 @@ def _claimed_after_a_drain(c, h):
                         jsonb_build_object('drain_requested_at', now() - interval '1 day')
                    FROM attempts a WHERE a.job_id = %s""", (h.ok,))
 
+def _superseded_one_waits_again(c, h):
+    # the older deployment back in the queue beside the newer one: two survivors
+    c.execute("UPDATE jobs SET state = 'queued', finished_at = NULL WHERE id = %s", (h.superseded,))
+
+
+def _running_deployment_superseded(c, h):
+    # a running deployment superseded (what pgd_supersede_older must never do), audited as
+    # the system's action: its attempt runs on after the supersede
+    c.execute("UPDATE jobs SET state = 'superseded', finished_at = now() WHERE id = %s",
+              (h.deploying,))
+    c.execute("INSERT INTO audit_events (actor, action, subject, details) VALUES "
+              "('system', 'supersede', %s, jsonb_build_object('superseded_by', %s::bigint, "
+              "'target', 'production'))", (f"job:{h.deploying}", h.superseding))
+
 
 CORRUPTIONS: list[tuple[str, Corruption]] = [
     ("steering", _claimed_in_a_paused_pool),
@@ -322,6 +343,8 @@ CORRUPTIONS: list[tuple[str, Corruption]] = [
     ("receipts", _receipt_moved_to_a_running_attempt),
     ("dependencies", _ran_before_its_dependency),
     ("dependencies", _waits_on_a_failed_dependency),
+    ("supersede", _superseded_one_waits_again),
+    ("supersede", _running_deployment_superseded),
 ]
 
 

@@ -74,6 +74,8 @@ def test_random_fault_schedule_keeps_every_invariant(chaos, fleet, capsys):
     assert summary.faults["sigkill"] + summary.faults["sigterm"] > 0
     assert summary.faults["terminate_backend"] > 0 and summary.faults["commit_drop"] > 0
     assert summary.attempt_states.get("succeeded", 0) > 0
+    # deployments to the superseding targets were superseded through it (issue 20)
+    assert summary.job_states.get("superseded", 0) > 0, summary.job_states
 
 
 def test_the_schedule_catches_a_claim_without_conditional_capacity(chaos, capsys, conn):

@@ -68,7 +68,10 @@ def forbidden_statements(conn, kind: str) -> list[str]:
              # other people's claims, pauses and sign-ins
              "SELECT pg_advisory_lock(1)", "SELECT pg_try_advisory_lock(1, 2)",
              "SELECT pg_advisory_xact_lock_shared(1)",
-             "CREATE FUNCTION pgd_intruder() RETURNS int LANGUAGE sql AS 'SELECT 1'"]
+             "CREATE FUNCTION pgd_intruder() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+             # supersede is the submit's own step, under its lock (sql/functions/submit.sql)
+             "SELECT pgd_supersede_older(2, 1, 'production', NULL, '{}')",
+             "SELECT pg_advisory_xact_lock(pgd_supersede_lock_class(), 1)"]
     for t in _tables(conn):
         column = conn.execute("SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass "
                               "AND attnum > 0 AND NOT attisdropped AND attidentity = '' AND attgenerated = '' "
@@ -149,7 +152,7 @@ def test_an_over_privileged_scheduler_is_caught(world, db_url, logins):
 PLAIN_READ_HELPERS = ("pgd_organization_running", "pgd_pool_running", "pgd_project_running",
                       "pgd_runner_login_pools", "pgd_login_is_unbound", "pgd_login_may_run",
                       "pgd_waiting_since", "pgd_live_runner_pools", "pgd_runner_is_live",
-                      "pgd_job_list_match",
+                      "pgd_job_list_match", "pgd_target_head",
                       # the job search's index expression (sql/schema.sql), EXECUTE to PUBLIC
                       "pgd_command_text")
 

@@ -284,6 +284,7 @@ def test_overview_counts_every_reason_and_the_primary_ones_as_the_jobs_explain_t
     gated = world.job(depends_on=[build.job_id], requires_approval=True) # dependency_pending + approval
     world.job(requires_approval=True)                                    # approval_required
     world.job(pool="deploy", target="production")                        # target_held
+    world.job(pool="deploy", target="production")                        # target_order (+ held)
     world.job(pool="deploy", target="staging")                           # target_uncertain (+ the lost one)
     for _ in range(2):
         world.job(project="api")                                         # project_paused
@@ -305,11 +306,13 @@ def test_overview_counts_every_reason_and_the_primary_ones_as_the_jobs_explain_t
         "dependency_pending": 1, "approval_required": 2, "project_paused": 2, "pool_paused": 2,
         "retry_delayed": 1,
         "no_authorized_runner": 3, "capacity_organization": 1, "capacity_project": 1,
-        "capacity_pool": 2, "target_held": 1, "target_uncertain": 2, "runners_busy": 0, "ready": 2,
+        "capacity_pool": 2, "target_order": 1, "target_held": 1, "target_uncertain": 2,
+        "runners_busy": 0, "ready": 2,
     }
     assert data["reason_counts"]["approval_required"] == 3
     assert data["reason_counts"]["pool_paused"] == 3
-    assert data["waiting"] == sum(data["primary_counts"].values()) == 20
+    assert data["reason_counts"]["target_held"] == 2
+    assert data["waiting"] == sum(data["primary_counts"].values()) == 21
     # each waiting job's own reasons agree with the summary's counts, both ways of counting
     jobs = reads.list_waiting(world.conn, limit=100)["jobs"]
     firsts = [j["reasons"][0]["code"] for j in jobs]

@@ -107,7 +107,7 @@ def test_the_overview_counts_come_from_the_summary_and_bounded_ranges(conn, worl
     transitions.summarize_queue(conn)
     counts = reads.overview(conn)["jobs_by_state"]
     assert counts == {"blocked": 1, "queued": QUEUED - 2, "running": 1, "uncertain": 0,
-                      "succeeded": 1, "failed": 0, "cancelled": 0}
+                      "succeeded": 1, "failed": 0, "cancelled": 0, "superseded": 0}
     plan = explain(conn, statement("count_recent_jobs_by_state"))
     scans = [n for n in plan_nodes(plan) if n.get("Relation Name") == "jobs"]
     # every read of jobs is one bounded index range: the running and uncertain jobs (the
@@ -125,7 +125,7 @@ def test_exact_counts_by_state_still_count_every_state(conn, world, history):
     world.claim(runner)
     counts = {r["state"]: r["n"] for r in conn.execute(statement("count_jobs_by_state"))}
     assert counts == {"blocked": 0, "queued": QUEUED - 2, "running": 1, "uncertain": 0,
-                      "succeeded": 1, "failed": 0, "cancelled": 0}
+                      "succeeded": 1, "failed": 0, "cancelled": 0, "superseded": 0}
 
 
 def test_job_lists_in_one_state_read_ranges_of_the_state_index(conn, history):

@@ -18,7 +18,8 @@ from ..conftest import MIGRATIONS, with_database
 
 # DESIGN.md, "Entities and states"
 STATES = {
-    "jobs": {"blocked", "queued", "running", "succeeded", "failed", "cancelled", "uncertain"},
+    "jobs": {"blocked", "queued", "running", "succeeded", "failed", "cancelled", "uncertain",
+             "superseded"},
     "attempts": {"running", "succeeded", "failed", "expired", "cancelled", "lost"},
     "targets": {"free", "held", "uncertain"},
 }

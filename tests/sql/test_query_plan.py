@@ -255,3 +255,38 @@ def test_an_empty_claim_reads_as_much_with_ten_thousand_jobs_in_paused_projects(
         (project_id, pool_id))
     world.conn.execute("ANALYZE jobs")
     assert empty_claim_buffers(world.conn, pool_id) <= empty + 2
+
+
+def head_probe_sql(conn) -> list[str]:
+    """pgd_target_head's two probes (sql/functions/claim.sql), as the database defines them,
+    with the target id left as ``p_target_id`` and the priority as ``v_priority``."""
+    body = function_sql(conn, "pgd_target_head")
+    first = re.search(r"SELECT j\.priority, j\.id INTO v_priority, v_id\s+(FROM jobs j.*?LIMIT 1)", body, re.S)
+    second = re.search(r"RETURN \((SELECT j\.id\s+FROM jobs j.*?LIMIT 1)\)", body, re.S)
+    assert first and second, "pgd_target_head's probes not found: update this test with the function"
+    return ["SELECT j.priority, j.id " + first.group(1), second.group(1)]
+
+
+@pytest.mark.parametrize("drop_index", [False, True], ids=["real", "without the index"])
+def test_the_target_head_probes_use_the_target_queue_index(conn, loaded, drop_index):
+    """Thousands of queued deployments to one target among the builds: both probes of the
+    head are ordered scans of jobs_target_queue_idx (no sort); without the index (a
+    deliberately broken schema) the same check fails."""
+    conn.execute("""
+        INSERT INTO jobs (project_id, pool_id, target_id, state, priority, command)
+        SELECT p.id, q.id, t.id, 'queued', (g % 3) - 1, ARRAY['deploy', g::text]
+          FROM projects p, pools q, targets t, generate_series(1, 2000) g
+         WHERE q.name = 'linux' AND t.name = 'production'""")
+    if drop_index:
+        conn.execute("DROP INDEX jobs_target_queue_idx")
+    analyze_all(conn)
+    target = conn.execute("SELECT id FROM targets WHERE name = 'production'").fetchone()["id"]
+    failures = []
+    for sql in head_probe_sql(conn):
+        plan = explain(conn, sql.replace("p_target_id", str(target)).replace("v_priority", "1"))
+        nodes = list(plan_nodes(plan))
+        on_jobs = [n for n in nodes if n.get("Relation Name") == "jobs"]
+        if not (on_jobs and all(n.get("Index Name") == "jobs_target_queue_idx" for n in on_jobs)
+                and not any(n["Node Type"] in ("Sort", "Incremental Sort") for n in nodes)):
+            failures.append(json.dumps(plan, indent=1))
+    assert (failures != []) == drop_index, failures

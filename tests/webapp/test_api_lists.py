@@ -174,3 +174,28 @@ def test_overview_answers_how_long_the_oldest_job_has_waited(api, looked_at, wor
     assert [(p["name"], p["paused_by"], p["pause_reason"]) for p in o["paused_projects"]] == [
         ("web", "alice", "freeze")]
     assert o["organizations"][0]["running"] == 1 and o["uncertain_targets"] == []
+
+
+def test_a_targets_show_says_what_runs_next_and_what_was_superseded(api, world):
+    """GET /api/v1/targets/{name}: the deploy order, the next list with each one's reason,
+    the superseded summary; the answer is what the OpenAPI document's TargetDetail says."""
+    import jsonschema_rs
+
+    from pgdispatch.webapp.openapi import SPEC
+
+    world.setup(targets=())
+    world.apply({"targets": [{"name": "staging", "supersede": True}]})
+    old = world.job(target="staging", command=["deploy"])["id"]
+    world.apply({"targets": [{"name": "staging", "supersede": True, "deploy_order": "newest_ready_first"}]})
+    new = world.job(target="staging", command=["deploy"])["id"]
+    world.apply({"targets": [{"name": "staging", "deploy_order": "newest_ready_first"}]})
+    newest = world.job(target="staging", command=["deploy"])["id"]
+    world.runner()
+    got = api("GET", "/api/v1/targets/staging", user="victor").get_json()
+    assert got["deploy_order"] == "newest_ready_first" and got["supersede"] is False
+    assert got["next"]["head_job_id"] == newest and got["next"]["waiting"] == 2
+    assert [(j["job_id"], j["reason"]) for j in got["next"]["jobs"]] == [(newest, "ready"), (new, "target_order")]
+    assert got["superseded"]["total"] == 1
+    assert [(s["job_id"], s["superseded_by"]) for s in got["superseded"]["latest"]] == [(old, new)]
+    root = {"$ref": "#/components/schemas/TargetDetail", "components": SPEC["components"]}
+    assert list(jsonschema_rs.Draft202012Validator(root).iter_errors(got)) == []

@@ -92,6 +92,7 @@ def test_every_reason_counted_and_the_same_as_each_jobs_explanation(operator, wo
     world.job(project="bounded", command=["b"])                             # capacity_project
     world.job(project="ml", pool="full", command=["f"])                     # capacity_pool
     world.job(pool="deploy", target="staging", command=["deploy", "2"])     # target_held
+    world.job(pool="deploy", target="staging", command=["deploy", "5"])     # target_order + held
     world.job(pool="deploy", target="staging", command=["deploy", "4"],
               depends_on=[upstream["id"]])                                  # dependency + target_held
     world.job(pool="deploy", target="production", command=["deploy", "3"])  # target_uncertain

@@ -152,3 +152,16 @@ def test_with_a_reason_filter_every_row_marks_its_primary_reason(operator, world
     # without a filter, a job with one reason needs no mark
     plain = operator.get("/queue/").get_data(as_text=True)
     assert "reason-mark" not in plain
+
+
+def test_a_deployment_behind_its_targets_order_shows_target_order_and_links_the_next(operator, world):
+    world.setup(targets=("staging",))
+    world.runner()
+    head = world.job(target="staging", command=["deploy", "1"])
+    later = world.job(target="staging", command=["deploy", "2"])
+    page = operator.get("/queue/?reason=target_order").get_data(as_text=True)
+    assert _ids(page) == [later["id"]]
+    assert "reason-target_order" in page
+    assert f"target staging deploys oldest first: job {head['id']} is next" in page
+    assert f'<a class="holders" href="/jobs/{head["id"]}">job {head["id"]}</a>' in page
+    assert '<a class="holders" href="/targets/staging">target staging</a>' in page

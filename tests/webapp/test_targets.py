@@ -94,3 +94,43 @@ def test_two_operators_resolve_at_once_one_wins_one_hears_who(signed_in, world):
         "outcome": "failed", "note": "late", "csrf_token": client.csrf})
     assert again.status_code == 409
     assert f"already resolved by {winner} at".encode() in again.data
+
+
+def _superseding_target(world) -> dict:
+    """staging supersedes and deploys newest ready first; two superseded, two waiting."""
+    world.setup(targets=())
+    world.apply({"targets": [{"name": "staging", "supersede": True, "deploy_order": "newest_ready_first"}]})
+    jobs = [world.job(target="staging", command=("deploy",)) for _ in range(3)]
+    world.apply({"targets": [{"name": "staging", "supersede": False, "deploy_order": "newest_ready_first"}]})
+    jobs.append(world.job(target="staging", command=("deploy",)))
+    world.runner()  # a live runner: the reasons are the target's, not "no runner"
+    return {"jobs": [j["id"] for j in jobs]}
+
+
+def test_the_target_page_shows_its_order_what_runs_next_and_what_was_superseded(viewer, world):
+    a, b, c, d = _superseding_target(world)["jobs"]
+    response = viewer.get("/targets/staging")
+    assert response.status_code == 200
+    page = response.get_data(as_text=True)
+    assert "Deploys <strong>newest ready first</strong>" in page
+    # what runs next, in order: the newest ready first, the other with its reason
+    assert page.index(f'id="next-{d}"') < page.index(f'id="next-{c}"')
+    assert f"target staging deploys newest ready first: job {d} is next" in page
+    assert "reason-target_order" in page and 'class="is-head"' in page
+    # superseded: how many and by what, with links
+    assert "2 deployments superseded (2 in the last hour)" in page
+    assert f'id="superseded-{b}"' in page and f'id="superseded-{a}"' in page
+    assert f'href="/jobs/{c}">job {c}</a>' in page and f'href="/jobs/{b}">job {b}</a>' in page
+    # the list links each target's page, and says its order
+    listed = viewer.get("/targets/").get_data(as_text=True)
+    assert 'href="/targets/staging"' in listed and "deploys newest ready first" in listed
+
+
+def test_the_target_page_polls_its_fragment_and_refuses_an_unknown_target(viewer, world):
+    _superseding_target(world)
+    fragment = viewer.get("/targets/staging", headers={"HX-Request": "true"})
+    body = fragment.get_data(as_text=True)
+    assert "<html" not in body
+    assert 'id="target-page-' in body and 'hx-trigger="every 2s"' in body
+    assert "HX-Request" in fragment.headers["Vary"]
+    assert viewer.get("/targets/nowhere").status_code == 404

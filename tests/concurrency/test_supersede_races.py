@@ -1,0 +1,141 @@
+"""Racing submits to a superseding target leave exactly one survivor (sql/functions/submit.sql:
+pgd_submit takes the target's supersede lock, a transaction advisory lock, before it inserts
+the job, so the submits to one target are serialised and each sees every older one committed).
+
+Two races on real connections: a deterministic one (the first submit held open while the
+second runs) and a crowd (many submits released at once by a barrier, beside claimers
+taking deployments from the same target). Both are run against a deliberately broken variant
+without the lock too: there the second submit neither waits nor sees the first, and two
+deployments survive, which the same checks report.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from pgdispatch.sql import db, transitions
+
+from .. import variants
+from .harness import raise_first_error, run_together
+
+HOLD_S = 0.5
+NO_LOCK = ("PERFORM pg_advisory_xact_lock(pgd_supersede_lock_class(), v_target::integer);",
+           "NULL;  -- broken variant: no supersede lock")
+
+
+def superseding(world) -> None:
+    world.setup(targets=())
+    world.project("api", org="acme", pools=("linux",))
+    world.apply({"targets": [{"name": "staging", "supersede": True}]})
+
+
+def submit(conn, project: str = "web") -> dict:
+    return transitions.submit(conn, project=project, pool="linux", target="staging", command=["deploy"])
+
+
+def survivors(world) -> list[int]:
+    """Deployments to staging still waiting (queued or blocked)."""
+    return [r["id"] for r in world.conn.execute(
+        "SELECT j.id FROM jobs j JOIN targets t ON t.id = j.target_id "
+        "WHERE t.name = 'staging' AND j.state IN ('queued', 'blocked') ORDER BY j.id").fetchall()]
+
+
+def break_lock(world) -> None:
+    world.conn.execute(variants.variant_sql(world.conn, "pgd_submit", [NO_LOCK]))
+
+
+def race_two(world, db_url) -> dict:
+    """Submit in an open transaction on one connection; submit again from a thread on
+    another; commit the first after HOLD_S. Returns both jobs, whether the second returned
+    only after the first committed, and the survivors."""
+    superseding(world)
+    got: dict = {}
+
+    def second() -> None:
+        with db.connect(db_url, application_name="racer-second") as conn:
+            got["second"] = submit(conn, project="api")
+            got["second_done"] = time.monotonic()
+
+    with db.connect(db_url, application_name="racer-first") as first:
+        with first.transaction():
+            got["first"] = submit(first)
+            racer = threading.Thread(target=second, name="racer-second")
+            racer.start()
+            time.sleep(HOLD_S)
+            got["committed"] = time.monotonic()
+        racer.join(timeout=30)
+    assert not racer.is_alive(), "the second submit never returned"
+    got["survivors"] = survivors(world)
+    return got
+
+
+@pytest.mark.parametrize("variant", ["real", "no lock"])
+def test_two_racing_submits_leave_one_survivor_the_newer(world, db_url, variant):
+    if variant == "no lock":
+        superseding(world)
+        break_lock(world)
+    got = race_two(world, db_url)
+    if variant == "real":
+        assert got["survivors"] == [got["second"]["id"]] and got["second"]["id"] > got["first"]["id"]
+        assert got["second_done"] >= got["committed"]  # it waited for the first's lock
+        first = world.row("jobs", got["first"]["id"])
+        assert (first["state"], first["last_error"]) == ("superseded", f"superseded by job {got['second']['id']}")
+    else:
+        # what the checks above catch: two survivors, and no waiting
+        assert len(got["survivors"]) == 2
+        assert got["second_done"] < got["committed"]
+
+
+def crowd(world, db_url, *, submitters: int = 8, rounds: int = 3) -> dict:
+    """``rounds`` times: ``submitters`` submits to staging (two projects) and two claimers
+    taking deployments from it, released together. Returns the survivors after each round,
+    the audit of every supersede, and the attempts of jobs after they were superseded."""
+    superseding(world)
+    runner = world.runner(slots=50)
+    pools = world.pool_ids(("linux",))
+    out: dict = {"survivors": [], "deadlocks": 0}
+
+    def claimer(conn):
+        taken = []
+        for _ in range(5):
+            c = transitions.claim(conn, runner_id=runner, pools=pools,
+                                  claim_token=transitions.new_claim_token(), lease_seconds=30)
+            if c is not None:
+                taken.append(c)
+                transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
+                                     outcome="succeeded", receipt_key=c.receipt_key)
+        return taken
+
+    for _ in range(rounds):
+        fns = [(lambda conn, p=("web" if i % 2 else "api"): submit(conn, p)) for i in range(submitters)]
+        fns += [claimer, claimer]
+        outcomes = run_together(db_url, fns)
+        raise_first_error(outcomes)
+        out["survivors"].append(survivors(world))
+    out["superseded_then_ran"] = world.conn.execute(
+        "SELECT count(*) AS n FROM attempts a JOIN jobs j ON j.id = a.job_id "
+        "JOIN audit_events e ON e.job_id = j.id AND e.action = 'supersede' "
+        "WHERE a.claimed_at > e.at").fetchone()["n"]
+    out["by_older"] = world.conn.execute(
+        "SELECT count(*) AS n FROM audit_events e WHERE e.action = 'supersede' "
+        "AND (e.details ->> 'superseded_by')::bigint <= e.job_id").fetchone()["n"]
+    out["superseded"] = world.conn.execute(
+        "SELECT count(*) AS n FROM jobs WHERE state = 'superseded'").fetchone()["n"]
+    return out
+
+
+@pytest.mark.parametrize("variant", ["real", "no lock"])
+def test_a_crowd_of_submits_beside_claimers_never_leaves_two_survivors(world, db_url, variant):
+    if variant == "no lock":
+        superseding(world)
+        break_lock(world)
+    got = crowd(world, db_url)
+    if variant == "real":
+        assert all(len(s) <= 1 for s in got["survivors"]), got["survivors"]
+        assert got["superseded_then_ran"] == 0 and got["by_older"] == 0
+        assert got["superseded"] > 0
+    else:
+        assert any(len(s) > 1 for s in got["survivors"]), got["survivors"]

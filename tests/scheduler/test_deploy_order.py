@@ -27,14 +27,20 @@ def test_a_scheduler_deploys_every_ready_deployment_newest_first_through_a_strea
     world.apply({"targets": [{"name": "staging", "deploy_order": "newest_ready_first"}]})
     gate = world.job(requires_approval=True)  # a dependency that is never approved here
     ready = [world.job(target="staging", command=["sleep", "0.2"])["id"] for _ in range(3)]
-    _, signals = start_scheduler(slots=2)
-    deadline = time.monotonic() + (20 if variant == "real" else 6)
-    unready = 0
-    while time.monotonic() < deadline:
+
+    def newer_unready() -> int:
         world.job(target="staging", command=["true"], requires_approval=True)
         world.job(target="staging", command=["true"], depends_on=[gate["id"]])
         world.job(target="staging", command=["true"], delay_seconds=600)
-        unready += 3
+        return 3
+
+    # the first newer unready ones before the scheduler starts: the broken head must never
+    # meet a moment in which the newest waiting deployment happens to be a ready one
+    unready = newer_unready()
+    _, signals = start_scheduler(slots=2)
+    deadline = time.monotonic() + (20 if variant == "real" else 6)
+    while time.monotonic() < deadline:
+        unready += newer_unready()
         done = world.conn.execute("SELECT count(*) AS n FROM jobs WHERE id = ANY (%s) "
                                   "AND state = 'succeeded'", (ready,)).fetchone()["n"]
         if done == len(ready):

@@ -128,6 +128,10 @@ BEGIN
     END IF;
     v_action := substr(e.action, 6);
     v_priority := (e.details ->> 'priority')::integer;
+    -- a retry may supersede a deployment: the supersede locks before any row (pgd_retry_locked)
+    IF v_action = 'retry' THEN
+        PERFORM pgd_lock_supersede_scopes(p_job_ids);
+    END IF;
     -- id order is lock order; a job named twice is taken once (its first generation)
     FOR v_item IN
         SELECT DISTINCT ON (u.id) u.id, u.generation

@@ -296,6 +296,8 @@ $$;
 -- delayed retry, a deployment blocked on an approval or a dependency is not ready, and the
 -- next ready one runs (GitLab's "newest first" deployed nothing while newer deployments
 -- kept arriving unready). A retry keeps its id, so it keeps its place in either order.
+-- Otherwise the head is strict: a head waiting for capacity or for a live runner of its
+-- pool keeps the rest behind it (docs/design.md, "Deployment order", says why).
 
 -- The head of target p_target_id: its first ready deployment in its order, oldest_first
 -- (priority DESC, then id) or newest_ready_first (priority DESC, then id DESC); NULL when

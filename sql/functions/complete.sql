@@ -256,6 +256,12 @@ BEGIN
            last_error = CASE WHEN v_att_state = 'succeeded' THEN NULL
                              ELSE coalesce(p_error, 'exit code ' || p_exit_code::text, p_outcome) END
      WHERE id = v_job.id;
+    -- a deployment back in the queue beside a newer one to its superseding target ends
+    -- superseded (pgd_supersede_stale; the submit of the newer one locked it while it ran)
+    IF v_job_state = 'queued' AND v_ids.target_id IS NOT NULL
+       AND pgd_supersede_stale(v_job.id) IS NOT NULL THEN
+        v_job_state := 'superseded';
+    END IF;
 
     IF v_ids.target_id IS NOT NULL THEN
         IF v_job_state = 'uncertain' THEN

@@ -262,6 +262,10 @@ BEGIN
                     approved_at = CASE WHEN v_protected THEN NULL ELSE approved_at END,
                     approved_by = CASE WHEN v_protected THEN NULL ELSE approved_by END
      WHERE id = p_job_id RETURNING * INTO v;
+    -- a deployment older than a newer one to its superseding target ends superseded instead
+    IF pgd_supersede_stale(p_job_id) IS NOT NULL THEN
+        SELECT * INTO v FROM jobs WHERE id = p_job_id;
+    END IF;
     RETURN v;
 END;
 $$;
@@ -273,6 +277,7 @@ DECLARE
     v_winner text;
 BEGIN
     p_actor := pgd_authorize(p_actor, 'operator');
+    PERFORM pgd_lock_supersede_scopes(ARRAY[p_job_id]);
     SELECT * INTO v FROM jobs WHERE id = p_job_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown job %', p_job_id USING ERRCODE = 'PD404';
@@ -374,7 +379,10 @@ BEGIN
         RAISE EXCEPTION 'target % is % (already resolved by %)', p_target, v_target.state,
             pgd_last_actor('target:' || p_target) USING ERRCODE = 'PDALR';
     END IF;
-    -- lock order: job before target
+    -- lock order: the supersede lock, then job before target
+    IF p_outcome = 'retry' THEN
+        PERFORM pgd_lock_supersede_scopes(ARRAY[v_target.holder_job_id]);
+    END IF;
     SELECT * INTO v_job FROM jobs WHERE id = v_target.holder_job_id FOR NO KEY UPDATE;
     SELECT * INTO v_target FROM targets WHERE id = v_target.id FOR NO KEY UPDATE;
     IF v_target.state <> 'uncertain' OR v_job.state <> 'uncertain' THEN
@@ -408,6 +416,10 @@ BEGIN
     END IF;
     PERFORM pgd_audit(p_actor, 'resolve_target', 'target:' || p_target, p_note,
                       jsonb_build_object('outcome', p_outcome, 'job_id', v_job.id));
+    -- a re-run older than a newer deployment to a superseding target ends superseded
+    IF v_state IN ('queued', 'blocked') AND pgd_supersede_stale(v_job.id) IS NOT NULL THEN
+        v_state := 'superseded';
+    END IF;
     RETURN jsonb_build_object('target', p_target, 'outcome', p_outcome, 'job_id', v_job.id,
                               'job_state', v_state);
 END;

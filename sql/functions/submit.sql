@@ -63,7 +63,7 @@ $$;
 -- jobs_idempotency_key_idx). Unknown dependencies are named by id. Dependencies are held
 -- FOR SHARE until the commit, so that none of them can fail between the check and the
 -- insert. Raises PD404 unknown project, pool, target or dependency; PD422 pool not granted,
--- a dependency already failed or cancelled, a delay outside 0..2592000 seconds; PD409 a key
+-- a dependency already failed, cancelled or superseded, a delay outside 0..2592000 seconds; PD409 a key
 -- reused by a different request.
 -- Supersede: a new deployment to a superseding target (targets.supersede: every project's;
 -- project_target_supersede: this project's) ends the older ones in that scope still
@@ -87,6 +87,7 @@ DECLARE
     v_request  jsonb;
     v_approval boolean := coalesce(p_requires_approval, false);
     v_scope    text;
+    v_keep     bigint[] := '{}';
 BEGIN
     p_submitted_by := pgd_authorize(p_submitted_by, 'operator');
     -- ready_at is now() plus the delay: at most 30 days (sql.transitions.submit checks the
@@ -137,7 +138,21 @@ BEGIN
         -- waiting here holds no row another one needs). Not the target row: jobs are
         -- locked before targets (docs/design.md, "Lock order"), and a claim holds the
         -- target row while it commits. Pair and target-wide scopes share the key.
-        PERFORM pg_advisory_xact_lock(pgd_supersede_lock_class(), v_target::integer);
+        PERFORM pg_advisory_xact_lock(pgd_supersede_lock_class(), pgd_supersede_lock_key(v_target));
+        -- The new job's whole upstream chain is kept (it waits for it), and every row the
+        -- supersede may touch is locked now, in one pass by id (lock order: jobs by id):
+        -- the dependencies and the older deployments in scope, running ones included. A
+        -- running one is locked so that a completion re-queueing it (an automatic retry,
+        -- a hand-back) commits first and is superseded below, or sees this job and
+        -- supersedes itself (pgd_supersede_stale): either way it never waits beside it.
+        v_keep := pgd_upstream_jobs(coalesce(p_depends_on, '{}'));
+        PERFORM 1 FROM jobs j
+         WHERE j.id = ANY (coalesce(p_depends_on, '{}'))
+            OR (j.target_id = v_target AND j.state IN ('queued', 'blocked', 'running')
+                AND (v_scope = 'target' OR j.project_id = v_project.id)
+                AND j.id <> ALL (v_keep))
+         ORDER BY j.id
+           FOR NO KEY UPDATE;
     END IF;
 
     FOR v_dep IN
@@ -146,7 +161,7 @@ BEGIN
          ORDER BY j.id
            FOR SHARE
     LOOP
-        IF v_dep.state IN ('failed', 'cancelled') THEN
+        IF v_dep.state IN ('failed', 'cancelled', 'superseded') THEN
             RAISE EXCEPTION 'dependency % is %', v_dep.id, v_dep.state USING ERRCODE = 'PD422';
         ELSIF v_dep.state <> 'succeeded' THEN
             v_pending := v_pending + 1;
@@ -193,7 +208,7 @@ BEGIN
     IF v_scope IS NOT NULL THEN
         PERFORM pgd_supersede_older(v_id, v_target, p_target,
                                     CASE WHEN v_scope = 'project' THEN v_project.id END,
-                                    coalesce(p_depends_on, '{}'));
+                                    v_keep);
     END IF;
     RETURN QUERY SELECT v_id, true;
 END;
@@ -204,16 +219,23 @@ $$;
 CREATE OR REPLACE FUNCTION pgd_supersede_lock_class() RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$ SELECT 1885828467 $$;  -- 'pgds' as four bytes
 
+-- A target's key in that class (ids beyond 2^31 - 1 wrap, which can only make two targets
+-- share a lock: more waiting, never less exclusion).
+CREATE OR REPLACE FUNCTION pgd_supersede_lock_key(p_target_id bigint) RETURNS integer
+LANGUAGE sql IMMUTABLE AS $$ SELECT (p_target_id % 2147483647)::integer $$;
+
 -- Supersede: end every deployment to target p_target_id older than job p_new_id (a smaller
 -- id) that is still waiting (queued, or blocked on a dependency or an approval), of project
--- p_project_id only when it is given (a project-and-target pair) — except the new job's own
--- dependencies p_keep (it waits for them). Each ends 'superseded' (finished_at now,
+-- p_project_id only when it is given (a project-and-target pair) — except p_keep, the new
+-- job's whole upstream chain (pgd_upstream_jobs: it waits for them, directly or through a
+-- build between). Each ends 'superseded' (finished_at now,
 -- last_error "superseded by job N"), audited as the system's action (actor system, action
 -- supersede, details superseded_by and target), and its dependents are cancelled as a
 -- cancelled job's are. Running and uncertain deployments are never touched: the rows are
 -- locked by id (lock order: jobs by id), and a job a claim took meanwhile is no longer
 -- waiting when the lock is granted (READ COMMITTED re-reads it), so it is passed over.
--- The caller holds the target's supersede lock (pgd_submit). Returns the ids superseded.
+-- The caller holds the target's supersede lock and the rows (pgd_submit). Returns the ids
+-- superseded.
 CREATE OR REPLACE FUNCTION pgd_supersede_older(p_new_id bigint, p_target_id bigint, p_target text,
                                                p_project_id bigint, p_keep bigint[])
 RETURNS bigint[]
@@ -242,6 +264,98 @@ BEGIN
         PERFORM pgd_cancel_dependents(v_id, format('dependency %s superseded', v_id));
     END LOOP;
     RETURN v_ids;
+END;
+$$;
+
+-- The jobs upstream of p_job_ids, p_job_ids included: what they depend on, directly or
+-- through other jobs (job_dependencies never changes after a job's insert, so an unlocked
+-- read is exact). Returns the ids, unordered.
+CREATE OR REPLACE FUNCTION pgd_upstream_jobs(p_job_ids bigint[]) RETURNS bigint[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(id), '{}') FROM (
+        WITH RECURSIVE up(id) AS (
+            SELECT unnest(p_job_ids)
+            UNION
+            SELECT jd.depends_on_job_id FROM job_dependencies jd JOIN up ON jd.job_id = up.id)
+        SELECT id FROM up) u
+$$;
+
+-- The jobs downstream of p_job_id, p_job_id included (its dependents, level by level).
+CREATE OR REPLACE FUNCTION pgd_downstream_jobs(p_job_id bigint) RETURNS bigint[]
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce(array_agg(id), '{}') FROM (
+        WITH RECURSIVE down(id) AS (
+            SELECT p_job_id
+            UNION
+            SELECT jd.job_id FROM job_dependencies jd JOIN down ON jd.depends_on_job_id = down.id)
+        SELECT id FROM down) d
+$$;
+
+-- The supersede scope of a deployment of project p_project_id to target p_target_id:
+-- 'target' (targets.supersede), 'project' (project_target_supersede) or NULL (none).
+CREATE OR REPLACE FUNCTION pgd_supersede_scope(p_project_id bigint, p_target_id bigint) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT CASE WHEN t.supersede THEN 'target'
+                WHEN EXISTS (SELECT 1 FROM project_target_supersede s
+                              WHERE s.project_id = p_project_id AND s.target_id = t.id)
+                THEN 'project' END
+      FROM targets t WHERE t.id = p_target_id
+$$;
+
+-- Take the supersede locks of the targets of jobs p_job_ids that are deployments in a
+-- supersede scope (in target id order; none for the others). Taken before any row is
+-- locked, as pgd_submit takes its one, by the operator's transitions that put a finished
+-- deployment back to waiting (a retry, a bulk retry, a resolution's re-run), so that they
+-- and a superseding submit never pass each other (pgd_supersede_stale). A completion that
+-- retries or hands back a running deployment needs none: the submit locks running
+-- deployments in scope (pgd_submit).
+CREATE OR REPLACE FUNCTION pgd_lock_supersede_scopes(p_job_ids bigint[]) RETURNS void
+LANGUAGE sql AS $$
+    SELECT count(pg_advisory_xact_lock(pgd_supersede_lock_class(), pgd_supersede_lock_key(t.id)))
+      FROM (SELECT DISTINCT j.target_id AS id FROM jobs j
+             WHERE j.id = ANY (p_job_ids) AND j.target_id IS NOT NULL
+               AND pgd_supersede_scope(j.project_id, j.target_id) IS NOT NULL
+             ORDER BY 1) t
+$$;
+
+-- A deployment going back to waiting (an automatic retry, a hand-back, an operator's retry
+-- or a resolution's re-run; the caller has just set it queued or blocked, holding its row,
+-- and, for an operator's transition, the supersede lock, pgd_lock_supersede_scopes) on a superseding target must not deploy
+-- over a newer one: when a newer deployment in its scope is waiting, running, uncertain or
+-- succeeded — and is not downstream of it (waiting for it) — it ends 'superseded' by the
+-- newest such one, audited as the system's action like a submit's supersede, and its
+-- dependents are cancelled. Returns the newer job's id, or NULL when the job stays waiting.
+CREATE OR REPLACE FUNCTION pgd_supersede_stale(p_job_id bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v      jobs%ROWTYPE;
+    v_scope text;
+    v_newer bigint;
+BEGIN
+    SELECT * INTO v FROM jobs WHERE id = p_job_id;
+    IF v.target_id IS NULL OR v.state NOT IN ('queued', 'blocked') THEN
+        RETURN NULL;
+    END IF;
+    v_scope := pgd_supersede_scope(v.project_id, v.target_id);
+    IF v_scope IS NULL THEN
+        RETURN NULL;
+    END IF;
+    SELECT max(j.id) INTO v_newer FROM jobs j
+     WHERE j.target_id = v.target_id AND j.id > v.id
+       AND j.state IN ('queued', 'blocked', 'running', 'uncertain', 'succeeded')
+       AND (v_scope = 'target' OR j.project_id = v.project_id)
+       AND j.id <> ALL (pgd_downstream_jobs(v.id));
+    IF v_newer IS NULL THEN
+        RETURN NULL;
+    END IF;
+    UPDATE jobs SET state = 'superseded', finished_at = now(),
+                    last_error = format('superseded by job %s', v_newer)
+     WHERE id = v.id;
+    PERFORM pgd_audit('system', 'supersede', 'job:' || v.id, format('superseded by job %s', v_newer),
+                      jsonb_build_object('superseded_by', v_newer,
+                                         'target', (SELECT name FROM targets WHERE id = v.target_id)));
+    PERFORM pgd_cancel_dependents(v.id, format('dependency %s superseded', v.id));
+    RETURN v_newer;
 END;
 $$;
 

@@ -22,7 +22,7 @@ from .. import variants
 from .harness import raise_first_error, run_together
 
 HOLD_S = 0.5
-NO_LOCK = ("PERFORM pg_advisory_xact_lock(pgd_supersede_lock_class(), v_target::integer);",
+NO_LOCK = ("PERFORM pg_advisory_xact_lock(pgd_supersede_lock_class(), pgd_supersede_lock_key(v_target));",
            "NULL;  -- broken variant: no supersede lock")
 
 
@@ -139,3 +139,90 @@ def test_a_crowd_of_submits_beside_claimers_never_leaves_two_survivors(world, db
         assert got["superseded"] > 0
     else:
         assert any(len(s) > 1 for s in got["survivors"]), got["survivors"]
+
+
+# --- a deployment going back to waiting while a newer one is submitted ----------------------
+# (pgd_supersede_stale). Each race holds one side's transaction open while the other runs on
+# a second connection, both ways round; the broken variants show what the checks catch.
+
+SUBMIT_SKIPS_RUNNING = ("AND j.state IN ('queued', 'blocked', 'running')",
+                        "AND j.state IN ('queued', 'blocked')  -- broken variant")
+COMPLETE_NO_STALE = ("AND pgd_supersede_stale(v_job.id) IS NOT NULL THEN", "AND false THEN  -- broken variant")
+RETRY_NO_LOCK = ("PERFORM pgd_lock_supersede_scopes(ARRAY[p_job_id]);", "NULL;  -- broken variant")
+
+
+def running_deployment(world):
+    superseding(world)
+    runner = world.runner()
+    old = transitions.submit(world.conn, project="web", pool="linux", target="staging",
+                             command=["deploy"], max_attempts=3)
+    c = world.claim(runner)
+    assert c.job_id == old["id"]
+    return c
+
+
+def fail(conn, c) -> dict:
+    return transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
+                                outcome="failed", exit_code=1, receipt_key=c.receipt_key)
+
+
+def hold_then(db_url, held, other) -> dict:
+    """Run ``held`` in an open transaction, ``other`` from a thread on another connection,
+    commit the first after HOLD_S; returns both answers."""
+    got: dict = {}
+
+    def second() -> None:
+        with db.connect(db_url, application_name="racer-second") as conn:
+            got["other"] = other(conn)
+
+    with db.connect(db_url, application_name="racer-first") as first:
+        with first.transaction():
+            got["held"] = held(first)
+            racer = threading.Thread(target=second, name="racer-second")
+            racer.start()
+            time.sleep(HOLD_S)
+        racer.join(timeout=30)
+    assert not racer.is_alive(), "the second transaction never returned"
+    return got
+
+
+@pytest.mark.parametrize("variant", ["real", "submit skips running"])
+def test_a_retry_held_open_is_superseded_by_the_submit_that_waited_for_it(world, db_url, variant):
+    c = running_deployment(world)
+    if variant != "real":
+        world.conn.execute(variants.variant_sql(world.conn, "pgd_submit", [SUBMIT_SKIPS_RUNNING]))
+    got = hold_then(db_url, lambda conn: fail(conn, c), submit)
+    if variant == "real":
+        assert survivors(world) == [got["other"]["id"]]
+        assert world.row("jobs", c.job_id)["state"] == "superseded"
+    else:
+        assert survivors(world) == [c.job_id, got["other"]["id"]]
+
+
+@pytest.mark.parametrize("variant", ["real", "complete keeps it queued"])
+def test_a_retry_after_a_submit_held_open_supersedes_itself(world, db_url, variant):
+    c = running_deployment(world)
+    if variant != "real":
+        world.conn.execute(variants.variant_sql(world.conn, "pgd_complete_attempt", [COMPLETE_NO_STALE]))
+    got = hold_then(db_url, submit, lambda conn: fail(conn, c))
+    if variant == "real":
+        assert got["other"]["job_state"] == "superseded"
+        assert survivors(world) == [got["held"]["id"]]
+    else:
+        assert survivors(world) == [c.job_id, got["held"]["id"]]
+
+
+@pytest.mark.parametrize("variant", ["real", "retry without the lock"])
+def test_an_operator_retry_racing_a_submit_leaves_one_survivor(world, db_url, variant):
+    c = running_deployment(world)
+    world.conn.execute("UPDATE jobs SET max_attempts = 1 WHERE id = %s", (c.job_id,))
+    assert fail(world.conn, c)["job_state"] == "failed"
+    if variant != "real":
+        world.conn.execute(variants.variant_sql(world.conn, "pgd_retry_job", [RETRY_NO_LOCK]))
+    got = hold_then(db_url, submit,
+                    lambda conn: transitions.retry_job(conn, job_id=c.job_id, actor="alice"))
+    if variant == "real":
+        assert got["other"]["state"] == "superseded"
+        assert survivors(world) == [got["held"]["id"]]
+    else:
+        assert survivors(world) == [c.job_id, got["held"]["id"]]

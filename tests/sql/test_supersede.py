@@ -172,3 +172,84 @@ def test_apply_declares_supersede_order_and_pairs_idempotently(world):
                  "projects": [{"name": "web", "organization": "acme", "pools": ["linux"]}]})
     t = reads.show_target(world.conn, name="staging")
     assert (t["supersede"], t["deploy_order"], t["supersede_projects"]) == (False, "oldest_first", [])
+
+
+# --- a deployment going back to waiting beside a newer one (retry, hand-back, re-run) -------
+
+@pytest.mark.parametrize("outcome", ["failed", "handed_back"])
+def test_a_running_deployment_sent_back_to_the_queue_is_superseded_by_a_newer_one(world, outcome):
+    superseding(world)
+    runner = world.runner()
+    old = deploy(world, max_attempts=3)
+    c = world.claim(runner)
+    assert c.job_id == old["id"]
+    newer = deploy(world)
+    answer = world.complete(c, outcome=outcome, exit_code=1 if outcome == "failed" else None)
+    assert answer["job_state"] == "superseded"
+    row = world.row("jobs", old["id"])
+    assert (row["state"], row["last_error"]) == ("superseded", f"superseded by job {newer['id']}")
+    event = world.conn.execute(
+        "SELECT actor, details FROM audit_events WHERE action = 'supersede' AND job_id = %s",
+        (old["id"],)).fetchone()
+    assert event == {"actor": "system", "details": {"superseded_by": newer["id"], "target": "staging"}}
+    # the newer one deploys next; the old one never runs again
+    assert world.claim(runner).job_id == newer["id"]
+
+
+def test_a_retry_with_no_newer_deployment_stays_queued(world):
+    superseding(world)
+    runner = world.runner()
+    old = deploy(world, max_attempts=3)
+    c = world.claim(runner)
+    assert world.complete(c, outcome="failed", exit_code=1)["job_state"] == "queued"
+    other_target = deploy(world, target="prod")
+    assert state(world, old["id"]) == "queued" and state(world, other_target["id"]) == "queued"
+
+
+def test_a_retry_waited_for_by_the_newer_deployment_is_kept(world):
+    superseding(world)
+    runner = world.runner()
+    old = deploy(world, max_attempts=3)
+    c = world.claim(runner)
+    build = world.job(depends_on=[old["id"]])
+    newer = deploy(world, depends_on=[build["id"]])
+    assert world.complete(c, outcome="failed", exit_code=1)["job_state"] == "queued"
+    assert [state(world, j["id"]) for j in (old, build, newer)] == ["queued", "blocked", "blocked"]
+
+
+def test_an_operator_retry_or_rerun_of_an_older_deployment_ends_superseded(world):
+    superseding(world)
+    runner = world.runner()
+    old = deploy(world, max_attempts=1)
+    c = world.claim(runner)
+    newer = deploy(world)
+    assert world.complete(c, outcome="failed", exit_code=1)["job_state"] == "failed"
+    assert transitions.retry_job(world.conn, job_id=old["id"], actor="alice")["state"] == "superseded"
+    assert state(world, newer["id"]) == "queued"
+    # an uncertain deployment re-run after a newer one was submitted
+    c = world.claim(runner)
+    assert c.job_id == newer["id"]
+    newest = deploy(world)
+    world.expire_now(c.attempt_id)
+    transitions.expire_leases(world.conn)
+    result = transitions.resolve_target(world.conn, target="staging", outcome="retry",
+                                        note="host rebooted", actor="alice")
+    assert result["job_state"] == "superseded"
+    assert state(world, newer["id"]) == "superseded" and state(world, newest["id"]) == "queued"
+
+
+def test_a_superseding_submit_keeps_its_whole_upstream_chain(world):
+    superseding(world)
+    old = deploy(world)
+    build = world.job(depends_on=[old["id"]])
+    newer = deploy(world, depends_on=[build["id"]])
+    assert [state(world, j["id"]) for j in (old, build, newer)] == ["queued", "blocked", "blocked"]
+
+
+def test_a_submit_cannot_wait_for_a_superseded_job(world):
+    superseding(world)
+    old = deploy(world)
+    deploy(world)
+    with pytest.raises(InvalidInput, match=rf"dependency {old['id']} is superseded"), \
+            world.conn.transaction():
+        world.job(depends_on=[old["id"]])

@@ -441,7 +441,8 @@ def _dependencies(conn, s: _Snapshot) -> list[str]:
                 out.append(f"dependencies: job {job_id} ({j['state']}) counts "
                            f"{j['pending_dependencies']} pending dependencies but {len(unmet)} "
                            f"have not succeeded: {unmet}")
-            dead = {u: st for u, st in unmet.items() if st in ("failed", "cancelled", "missing")}
+            dead = {u: st for u, st in unmet.items()
+                    if st in ("failed", "cancelled", "superseded", "missing")}
             if dead:
                 out.append(f"dependencies: job {job_id} ({j['state']}) still waits on "
                            f"dependencies that ended without success: {dead}")
@@ -458,8 +459,10 @@ def _supersede(conn, s: _Snapshot) -> list[str]:
     event, actor system, says which), and no attempt of it was claimed after that or runs
     now. Never two survivors: on a target that supersedes for a job's project, no deployment
     that never ran is still waiting (queued or blocked) beside a newer one in the same scope
-    (other than one the newer waits for: pgd_supersede_older keeps the new job's
-    dependencies), since the newer one's submit would have superseded it."""
+    (other than one the newer waits for, directly or through other jobs: pgd_supersede_older
+    keeps the new job's upstream chain), since the newer one's submit would have superseded
+    it; and none that ran and went back to waiting (a retry, a hand-back, a re-run) beside a
+    newer one that is waiting, running, uncertain or succeeded (pgd_supersede_stale)."""
     out = []
     for j in s.jobs.values():
         event = s.supersedes.get(j["id"])
@@ -492,15 +495,34 @@ def _supersede(conn, s: _Snapshot) -> list[str]:
             continue
         jobs.sort(key=lambda j: j["id"])
         for old in jobs:
-            if old["state"] not in ("queued", "blocked") or old["attempts_made"] > 0:
+            if old["state"] not in ("queued", "blocked"):
                 continue
             if not scope["supersede"] and old["project_id"] not in scope["projects"]:
                 continue
+            downstream = _downstream(s, old["id"])
             for new in jobs:
                 if (new["id"] > old["id"]
+                        and (old["attempts_made"] == 0
+                             or new["state"] in ("queued", "blocked", "running", "uncertain",
+                                                 "succeeded"))
                         and (scope["supersede"] or new["project_id"] == old["project_id"])
-                        and (new["id"], old["id"]) not in s.dependencies):
+                        and new["id"] not in downstream):
                     out.append(f"supersede: target {scope['name']}: job {old['id']} ({old['state']}) "
                                f"still waits although job {new['id']} ({new['state']}) is newer")
                     break
     return out
+
+
+def _downstream(s: _Snapshot, job_id: int) -> set[int]:
+    """The jobs that wait for ``job_id``, directly or through other jobs."""
+    below: dict[int, set[int]] = defaultdict(set)
+    for child, parent in s.dependencies:
+        below[parent].add(child)
+    seen: set[int] = set()
+    frontier = [job_id]
+    while frontier:
+        for child in below.get(frontier.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                frontier.append(child)
+    return seen

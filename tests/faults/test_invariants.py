@@ -310,6 +310,24 @@ def _superseded_one_waits_again(c, h):
     c.execute("UPDATE jobs SET state = 'queued', finished_at = NULL WHERE id = %s", (h.superseded,))
 
 
+def _retried_one_waits_beside_a_newer(c, h):
+    # the older deployment had run once and went back to the queue (a retry) beside the
+    # newer one, instead of ending superseded (pgd_supersede_stale)
+    c.execute("UPDATE jobs SET attempts_made = 1, failures = 1 WHERE id = %s", (h.superseding,))
+    c.execute("INSERT INTO jobs (project_id, pool_id, target_id, state, command, ready_at, "
+              "submitted_by) SELECT project_id, pool_id, target_id, 'queued', command, ready_at, "
+              "submitted_by FROM jobs WHERE id = %s", (h.superseding,))
+
+
+def _waits_on_a_superseded_dependency(c, h):
+    # a job blocked on a superseded deployment: it would wait forever
+    drop_checks(c, "job_dependencies", "depends_on")
+    c.execute("INSERT INTO job_dependencies (job_id, depends_on_job_id) VALUES (%s, %s)",
+              (h.blocked, h.superseded))
+    c.execute("UPDATE jobs SET pending_dependencies = pending_dependencies + 1 WHERE id = %s",
+              (h.blocked,))
+
+
 def _running_deployment_superseded(c, h):
     # a running deployment superseded (what pgd_supersede_older must never do), audited as
     # the system's action: its attempt runs on after the supersede
@@ -343,7 +361,9 @@ CORRUPTIONS: list[tuple[str, Corruption]] = [
     ("receipts", _receipt_moved_to_a_running_attempt),
     ("dependencies", _ran_before_its_dependency),
     ("dependencies", _waits_on_a_failed_dependency),
+    ("dependencies", _waits_on_a_superseded_dependency),
     ("supersede", _superseded_one_waits_again),
+    ("supersede", _retried_one_waits_beside_a_newer),
     ("supersede", _running_deployment_superseded),
 ]
 

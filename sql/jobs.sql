@@ -321,6 +321,8 @@ SELECT set_config('enable_indexscan', :indexscan, true) AS indexscan,
 -- most :limit, with the filters project, submitter (submitted_by) and state, each NULL when
 -- not asked for. Planned with its values (begin_job_list) and bitmap scans only
 -- (begin_job_search). The same row as list_jobs gives, and "match": id or command. Read-only.
+-- The row is spelled out again, as aiosql shares no fragment between statements;
+-- tests/sql/test_job_search.py checks that the two agree.
 WITH page AS (
     (SELECT j.id, 'id' AS match FROM jobs j
       WHERE j.id = :job_id AND CAST(:before_id AS bigint) IS NULL

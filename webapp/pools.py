@@ -4,12 +4,12 @@ go on (sql/functions/operator.sql, pgd_pause_pool)."""
 
 from __future__ import annotations
 
-from flask import Blueprint, current_app, render_template, url_for
+from flask import Blueprint, current_app, url_for
 
 from pgdispatch.sql import reads, transitions
 
 from .db import get_conn
-from .views import actor, form_text, perform, render_view
+from .views import named_row, pause_or_resume, render_view
 
 bp = Blueprint("pools", __name__, url_prefix="/pools")
 
@@ -20,10 +20,7 @@ def _pools() -> list[dict]:
 
 def _row(name: str) -> str:
     """The pool's row as it is now ("" when it no longer exists)."""
-    for pool in _pools():
-        if pool["name"] == name:
-            return render_template("pools/_row.html", q=pool)
-    return ""
+    return named_row("pools/_row.html", "q", _pools(), name)
 
 
 @bp.get("/")
@@ -35,18 +32,12 @@ def index():
 @bp.post("/<name>/pause")
 def pause(name: str):
     """Pause a pool; no claim takes from it until it is resumed."""
-    reason = form_text("reason")
-    return perform(lambda conn: transitions.pause_pool(conn, pool=name, reason=reason or "",
-                                                       actor=actor()),
-                   success=lambda r: f"pool {name} paused",
-                   back=url_for("pools.index"), fragment=lambda: _row(name))
+    return pause_or_resume(transitions.pause_pool, kind="pool", name=name, pausing=True,
+                           back=url_for("pools.index"), fragment=lambda: _row(name))
 
 
 @bp.post("/<name>/resume")
 def resume(name: str):
     """Resume a paused pool."""
-    reason = form_text("reason")
-    return perform(lambda conn: transitions.resume_pool(conn, pool=name, reason=reason,
-                                                        actor=actor()),
-                   success=lambda r: f"pool {name} resumed",
-                   back=url_for("pools.index"), fragment=lambda: _row(name))
+    return pause_or_resume(transitions.resume_pool, kind="pool", name=name, pausing=False,
+                           back=url_for("pools.index"), fragment=lambda: _row(name))

@@ -84,6 +84,31 @@ def perform(action: Callable[[Any], Any], *, success: Callable[[Any], str], back
                    fragment=fragment)
 
 
+def pause_or_resume(transition: Callable[..., Any], *, kind: str, name: str, pausing: bool,
+                    back: str, fragment: Callable[[], str]) -> Response:
+    """A console Pause or Resume of the ``kind`` ("project" | "pool") named ``name``, with
+    the form's reason: ``transition(conn, <kind>=name, reason=..., actor=...)`` through
+    ``perform``, answering "<kind> <name> paused" (or "resumed") and ``fragment`` (the row).
+    A pause's reason is mandatory: a blank one goes as "" and the database refuses it
+    (PD422, 422); a resume's is optional (None)."""
+    reason = form_text("reason")
+    if pausing:
+        reason = reason or ""
+    done = "paused" if pausing else "resumed"
+    return perform(lambda conn: transition(conn, **{kind: name}, reason=reason, actor=actor()),
+                   success=lambda r: f"{kind} {name} {done}", back=back, fragment=fragment)
+
+
+def named_row(template: str, var: str, rows: list[dict], name: str) -> str:
+    """``template`` rendered with the row of ``rows`` whose "name" is ``name`` as ``var``
+    (``named_row("pools/_row.html", "q", pools, "linux")``); "" when no row has it (it no
+    longer exists)."""
+    for row in rows:
+        if row["name"] == name:
+            return render_template(template, **{var: row})
+    return ""
+
+
 def actor() -> str:
     """The signed-in username, recorded as the actor of audit events."""
     return current_user.username

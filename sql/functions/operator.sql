@@ -18,6 +18,31 @@ LANGUAGE sql STABLE AS $$
     SELECT to_char(p_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS "UTC"')
 $$;
 
+-- Raises PD422 "a reason is required to <p_to>" when p_reason is NULL or blank: the check
+-- of every action whose reason is mandatory (pause a project or a pool, drain a runner).
+CREATE OR REPLACE FUNCTION pgd_require_reason(p_reason text, p_to text) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_reason IS NULL OR btrim(p_reason) = '' THEN
+        RAISE EXCEPTION 'a reason is required to %', p_to USING ERRCODE = 'PD422';
+    END IF;
+END;
+$$;
+
+-- Why p_subject ('project:web', 'pool:linux', 'runner:7') is not paused now, for a
+-- resume's refusal: ' (resumed by alice at 2026-03-01 14:02:00 UTC)' when the last of its
+-- p_pause and p_resume audit events (actions such as 'pause_pool', 'resume_pool') is a
+-- resume, else '' (never paused, or paused and resumed with no event on record). One read
+-- of audit_events_subject_idx.
+CREATE OR REPLACE FUNCTION pgd_resumed_note(p_subject text, p_pause text, p_resume text) RETURNS text
+LANGUAGE sql STABLE AS $$
+    SELECT coalesce((SELECT CASE WHEN e.action = p_resume
+                                 THEN format(' (resumed by %s at %s)', e.actor, pgd_utc_text(e.at)) END
+                       FROM audit_events e
+                      WHERE e.subject = p_subject AND e.action IN (p_pause, p_resume)
+                      ORDER BY e.id DESC LIMIT 1), '')
+$$;
+
 -- Why a job is in its state, for a refusal: its end (with the recorded reason and time), a
 -- cancel already asked for, or what it waits on.
 CREATE OR REPLACE FUNCTION pgd_job_state_note(v jobs) RETURNS text
@@ -43,9 +68,7 @@ DECLARE
     v projects%ROWTYPE;
 BEGIN
     p_actor := pgd_authorize(p_actor, 'operator');
-    IF p_reason IS NULL OR btrim(p_reason) = '' THEN
-        RAISE EXCEPTION 'a reason is required to pause a project' USING ERRCODE = 'PD422';
-    END IF;
+    PERFORM pgd_require_reason(p_reason, 'pause a project');
     SELECT * INTO v FROM projects WHERE name = p_project;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown project %', p_project USING ERRCODE = 'PD404';
@@ -65,8 +88,6 @@ $$;
 
 CREATE OR REPLACE FUNCTION pgd_resume_project(p_project text, p_reason text, p_actor text)
 RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
-DECLARE
-    v_note text;
 BEGIN
     p_actor := pgd_authorize(p_actor, 'operator');
     IF NOT EXISTS (SELECT 1 FROM projects WHERE name = p_project) THEN
@@ -75,14 +96,8 @@ BEGIN
     UPDATE projects SET paused_at = NULL, pause_reason = NULL, paused_by = NULL
      WHERE name = p_project AND paused_at IS NOT NULL;
     IF NOT FOUND THEN
-        -- who resumed it, when the last pause or resume on record was a resume
-        SELECT CASE WHEN e.action = 'resume_project'
-                    THEN format(' (resumed by %s at %s)', e.actor, pgd_utc_text(e.at)) END
-          INTO v_note
-          FROM audit_events e
-         WHERE e.subject = 'project:' || p_project AND e.action IN ('pause_project', 'resume_project')
-         ORDER BY e.id DESC LIMIT 1;
-        RAISE EXCEPTION 'project % is not paused%', p_project, coalesce(v_note, '')
+        RAISE EXCEPTION 'project % is not paused%', p_project,
+            pgd_resumed_note('project:' || p_project, 'pause_project', 'resume_project')
             USING ERRCODE = 'PDALR';
     END IF;
     PERFORM pgd_audit(p_actor, 'resume_project', 'project:' || p_project, p_reason);
@@ -449,9 +464,7 @@ DECLARE
     v_at timestamptz;
 BEGIN
     p_actor := pgd_authorize(p_actor, 'operator');
-    IF p_reason IS NULL OR btrim(p_reason) = '' THEN
-        RAISE EXCEPTION 'a reason is required to pause a pool' USING ERRCODE = 'PD422';
-    END IF;
+    PERFORM pgd_require_reason(p_reason, 'pause a pool');
     SELECT * INTO v FROM pools WHERE name = p_pool FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown pool %', p_pool USING ERRCODE = 'PD404';
@@ -480,7 +493,6 @@ CREATE OR REPLACE FUNCTION pgd_resume_pool(p_pool text, p_reason text, p_actor t
 RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v pools%ROWTYPE;
-    v_note text;
 BEGIN
     p_actor := pgd_authorize(p_actor, 'operator');
     SELECT * INTO v FROM pools WHERE name = p_pool FOR NO KEY UPDATE;
@@ -488,13 +500,8 @@ BEGIN
         RAISE EXCEPTION 'unknown pool %', p_pool USING ERRCODE = 'PD404';
     END IF;
     IF v.paused_at IS NULL THEN
-        SELECT CASE WHEN e.action = 'resume_pool'
-                    THEN format(' (resumed by %s at %s)', e.actor, pgd_utc_text(e.at)) END
-          INTO v_note
-          FROM audit_events e
-         WHERE e.subject = 'pool:' || p_pool AND e.action IN ('pause_pool', 'resume_pool')
-         ORDER BY e.id DESC LIMIT 1;
-        RAISE EXCEPTION 'pool % is not paused%', p_pool, coalesce(v_note, '') USING ERRCODE = 'PDALR';
+        RAISE EXCEPTION 'pool % is not paused%', p_pool,
+            pgd_resumed_note('pool:' || p_pool, 'pause_pool', 'resume_pool') USING ERRCODE = 'PDALR';
     END IF;
     UPDATE pools SET paused_at = NULL, pause_reason = NULL, paused_by = NULL WHERE id = v.id;
     PERFORM pgd_audit(p_actor, 'resume_pool', 'pool:' || p_pool, p_reason,
@@ -525,9 +532,7 @@ DECLARE
     v_at timestamptz;
 BEGIN
     p_actor := pgd_authorize(p_actor, 'operator');
-    IF p_reason IS NULL OR btrim(p_reason) = '' THEN
-        RAISE EXCEPTION 'a reason is required to drain a runner' USING ERRCODE = 'PD422';
-    END IF;
+    PERFORM pgd_require_reason(p_reason, 'drain a runner');
     IF p_deadline_seconds IS NOT NULL
        AND NOT (p_deadline_seconds >= 0 AND p_deadline_seconds <= 604800) THEN
         RAISE EXCEPTION 'deadline seconds must be in [0, 604800], got %', p_deadline_seconds
@@ -572,7 +577,6 @@ CREATE OR REPLACE FUNCTION pgd_resume_runner(p_runner_id bigint, p_reason text, 
 RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 DECLARE
     v runners%ROWTYPE;
-    v_note text;
 BEGIN
     p_actor := pgd_authorize(p_actor, 'operator');
     SELECT * INTO v FROM runners WHERE id = p_runner_id FOR NO KEY UPDATE;
@@ -580,13 +584,8 @@ BEGIN
         RAISE EXCEPTION 'unknown runner %', p_runner_id USING ERRCODE = 'PD404';
     END IF;
     IF v.drain_requested_at IS NULL THEN
-        SELECT CASE WHEN e.action = 'resume_runner'
-                    THEN format(' (resumed by %s at %s)', e.actor, pgd_utc_text(e.at)) END
-          INTO v_note
-          FROM audit_events e
-         WHERE e.subject = 'runner:' || p_runner_id AND e.action IN ('drain_runner', 'resume_runner')
-         ORDER BY e.id DESC LIMIT 1;
-        RAISE EXCEPTION 'runner % is not drained%', p_runner_id, coalesce(v_note, '')
+        RAISE EXCEPTION 'runner % is not drained%', p_runner_id,
+            pgd_resumed_note('runner:' || p_runner_id, 'drain_runner', 'resume_runner')
             USING ERRCODE = 'PDALR';
     END IF;
     UPDATE runners

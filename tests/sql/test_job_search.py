@@ -162,3 +162,25 @@ def test_the_trigram_step_finds_what_the_probe_of_the_newest_jobs_finds(conn, wo
     settings = conn.execute("SELECT current_setting('enable_indexscan') AS i, "
                             "current_setting('enable_seqscan') AS s").fetchone()
     assert settings == {"i": "on", "s": "on"}
+
+
+def test_a_found_job_is_the_row_list_jobs_gives_and_its_match(conn, world, found):
+    """search_jobs and list_jobs (sql/jobs.sql) each spell out the job row, as aiosql has
+    no shared fragments: the two must agree, column for column, for a finished job, a
+    running one (its attempt and runner) and waiting ones."""
+    runner = world.runner(name="runner-search")
+    finished = world.claim(runner)
+    world.complete(finished)
+    running = world.claim(runner)
+    assert running is not None and running.job_id != finished.job_id
+    with conn.transaction():  # one now(): the ages agree too
+        listed = {j["id"]: j for j in reads.list_jobs(conn, limit=100)["jobs"]}
+        searched = [j for q in ("make build", str(finished.job_id), str(running.job_id))
+                    for j in reads.search_jobs(conn, q=q)["jobs"]]
+    assert {finished.job_id, running.job_id, found["web_build"]} <= {j["id"] for j in searched}
+    for job in searched:
+        row = dict(job)
+        assert row.pop("match") in ("id", "command")
+        assert row == listed[job["id"]]
+    assert listed[finished.job_id]["duration_seconds"] is not None
+    assert listed[running.job_id]["runner"] == "runner-search"

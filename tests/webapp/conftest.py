@@ -7,6 +7,7 @@ import re
 import pytest
 
 from pgdispatch.sql import Settings
+from pgdispatch.sql.accounts import create_api_token
 from pgdispatch.webapp import create_app, shutdown
 
 from .support import ensure_account
@@ -100,3 +101,26 @@ def viewer(signed_in):
 def admin(signed_in):
     """ada, an admin."""
     return signed_in("ada")
+
+
+@pytest.fixture
+def tokens(conn, accounts):
+    """Bearer tokens for alice (operator) and victor (viewer), by name."""
+    accounts("alice", "victor")
+    return {"alice": create_api_token(conn, username="alice", name="ci"),
+            "victor": create_api_token(conn, username="victor", name="dashboard")}
+
+
+@pytest.fixture
+def api(app, tokens):
+    """``api(method, path, user="alice", **kwargs)`` -> the response of a JSON API call
+    with that user's bearer token (``user=None``: none; ``headers`` are kept)."""
+    client = app.test_client()
+
+    def call(method, path, *, user="alice", **kwargs):
+        headers = kwargs.pop("headers", {})
+        if user:
+            headers["Authorization"] = f"Bearer {tokens[user]}"
+        return client.open(path, method=method, headers=headers, **kwargs)
+
+    return call

@@ -5,35 +5,10 @@ from __future__ import annotations
 import json
 import re
 
-import pytest
-
 from pgdispatch.sql.accounts import create_api_token
 from pgdispatch.sql.explain import REASON_CODES
 
 from .support import count, ensure_account, make_uncertain_target
-
-
-@pytest.fixture
-def tokens(conn):
-    """Bearer tokens for alice (operator) and victor (viewer)."""
-    ensure_account(conn, "alice", "alice-password", "operator")
-    ensure_account(conn, "victor", "victor-password", "viewer")
-    return {"alice": create_api_token(conn, username="alice", name="ci"),
-            "victor": create_api_token(conn, username="victor", name="dashboard")}
-
-
-@pytest.fixture
-def api(app, tokens):
-    """``api(method, path, user="alice", **kwargs)`` -> response."""
-    client = app.test_client()
-
-    def call(method, path, *, user="alice", **kwargs):
-        headers = kwargs.pop("headers", {})
-        if user:
-            headers["Authorization"] = f"Bearer {tokens[user]}"
-        return client.open(path, method=method, headers=headers, **kwargs)
-
-    return call
 
 
 def test_a_bearer_token_is_required(api, world):

@@ -4,26 +4,7 @@ bad bodies 4xx JSON; the lists and shows say the pause and the drain."""
 
 from __future__ import annotations
 
-import pytest
-
 from pgdispatch.sql import transitions
-from pgdispatch.sql.accounts import create_api_token
-
-from .support import ensure_account
-
-
-@pytest.fixture
-def api(app, conn):
-    ensure_account(conn, "alice", "alice-password", "operator")
-    ensure_account(conn, "victor", "victor-password", "viewer")
-    tokens = {"alice": create_api_token(conn, username="alice", name="ci"),
-              "victor": create_api_token(conn, username="victor", name="dashboard")}
-    client = app.test_client()
-
-    def call(method, path, *, user="alice", **kwargs):
-        return client.open(path, method=method,
-                           headers={"Authorization": f"Bearer {tokens[user]}"}, **kwargs)
-    return call
 
 
 def _audit(conn, subject):

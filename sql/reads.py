@@ -493,6 +493,31 @@ def parse_search(q: object) -> tuple[int | None, str | None]:
     return None, _contains(text)
 
 
+# The words of a search text the trigram index may be asked for alone: runs of letters and
+# digits, SEARCH_MIN_CHARS or more (what pg_trgm makes trigrams of; F.35, "pg_trgm"), at
+# most this many, first ones first.
+SEARCH_WORDS_MAX = 8
+_SEARCH_WORD = re.compile(rf"[^\W_]{{{SEARCH_MIN_CHARS},}}")
+
+
+def _search_words(q: str) -> list[str]:
+    """The words of search text ``q`` (``_SEARCH_WORD``), distinct, in order; at most
+    SEARCH_WORDS_MAX."""
+    return list(dict.fromkeys(_SEARCH_WORD.findall(q.strip())))[:SEARCH_WORDS_MAX]
+
+
+def _narrow_pattern(pattern: str, words: list[str], hits: list[int]) -> str:
+    """The ILIKE pattern the trigram index is asked for: the word of ``words`` found in the
+    fewest of the probe's newest commands (``hits``, one count per word; the longer word on a
+    tie), when another word is found in more of them; otherwise ``pattern`` itself. Any of
+    them is matched by every command ``pattern`` matches, so the answer is the same; only
+    the posting lists GIN reads differ (docs/benchmarks.md, "Finding a job")."""
+    if len(words) < 2 or len(set(hits)) < 2:
+        return pattern
+    rarest = min(range(len(words)), key=lambda i: (hits[i], -len(words[i])))
+    return f"%{words[rarest]}%"
+
+
 def _contains(text: str) -> str:
     """The ILIKE pattern of commands containing ``text`` literally (backslash, the default
     escape, before % and _)."""
@@ -542,16 +567,21 @@ def search_jobs(conn, *, q: str, project: str | None = None, submitter: str | No
     if pattern is not None:
         # first the newest jobs, a bounded read whatever the word; then, when they hold fewer
         # than a page of matches, the trigram index (probe_recent_jobs, begin_job_search)
-        probe = Q.probe_recent_jobs(conn, pattern=pattern, probe=SEARCH_PROBE_ROWS, **filters)
+        words = _search_words(q)
+        probe = Q.probe_recent_jobs(conn, pattern=pattern, probe=SEARCH_PROBE_ROWS,
+                                    words=[f"%{w}%" for w in words], **filters)
         if len(probe["ids"]) >= limit or probe["examined"] < SEARCH_PROBE_ROWS:
             found = list(probe["ids"][:limit])
     if found is None and pattern is not None:
+        narrow = _narrow_pattern(pattern, words, probe["word_hits"])
         # set back on success; an error aborts the transaction, which undoes SET LOCAL itself
         saved = Q.begin_job_search(conn)
-        rows = list(Q.search_jobs(conn, pattern=pattern, ids=None, limit=limit, **filters))
+        rows = list(Q.search_jobs(conn, pattern=pattern, narrow=narrow, ids=None, limit=limit,
+                                  **filters))
         Q.end_job_search(conn, indexscan=saved["indexscan"], seqscan=saved["seqscan"])
     else:
-        rows = list(Q.search_jobs(conn, pattern=None, ids=found, limit=limit, **filters))
+        rows = list(Q.search_jobs(conn, pattern=None, narrow=None, ids=found, limit=limit,
+                                  **filters))
     commands = [r for r in rows if r["match"] == "command"]
     return {"query": q.strip(), "job_id": job_id, "jobs": rows, "order": "newest_first",
             "next": {"before_id": commands[-1]["id"]} if len(commands) == limit else None,

@@ -146,6 +146,7 @@ def test_a_rare_word_is_found_through_the_trigram_index(conn, world):
 
 
 @pytest.mark.parametrize("kw", [
+    {"q": "make check 3"}, {"q": "make build TARGET=we"}, {"q": "Release.sh --version"},
     {"q": "make"}, {"q": "make", "project": "web"}, {"q": "make", "submitter": "alice"},
     {"q": "e%_"}, {"q": "4711"}, {"q": "make", "state": "queued", "limit": 2},
     {"q": "build", "before_id": 10**6},
@@ -184,3 +185,41 @@ def test_a_found_job_is_the_row_list_jobs_gives_and_its_match(conn, world, found
         assert row == listed[job["id"]]
     assert listed[finished.job_id]["duration_seconds"] is not None
     assert listed[running.job_id]["runner"] == "runner-search"
+
+
+def test_the_index_is_asked_for_the_texts_rarest_word_among_the_newest_commands(conn, world):
+    """A text whose first word most commands share ("feature" of "feature-1234"): the trigram
+    step asks the index for the word the probe found in the fewest commands, and checks the
+    whole text on what it finds; the answer is what the whole text gives."""
+    world.setup()
+    conn.execute("""INSERT INTO jobs (project_id, pool_id, state, command)
+                    SELECT p.id, q.id, 'queued', ARRAY['make', '--branch=feature-' || (g % 300)]
+                      FROM projects p, pools q, generate_series(1, 1200) g
+                     WHERE p.name = 'web' AND q.name = 'linux'""")
+    other = world.job(command=["echo", "1234", "feature"])["id"]   # both words, not the text
+    needle = world.job(command=["make", "--branch=feature-1234"])["id"]
+    conn.execute("ANALYZE jobs")
+    words = reads._search_words("feature-1234")
+    assert words == ["feature", "1234"]
+    probe = reads.Q.probe_recent_jobs(conn, pattern=reads._contains("feature-1234"), probe=1000,
+                                      words=[f"%{w}%" for w in words], before_id=None, job_id=None,
+                                      project_id=None, submitter=None, state=None)
+    assert probe["examined"] == 1000 and probe["word_hits"][0] > probe["word_hits"][1]
+    assert reads._narrow_pattern("%feature-1234%", words, probe["word_hits"]) == "%1234%"
+    assert ids(reads.search_jobs(conn, q="feature-1234")) == [needle]
+    assert other not in ids(reads.search_jobs(conn, q="feature-1234"))
+    expected = [r["id"] for r in conn.execute(
+        "SELECT id FROM jobs WHERE pgd_command_text(command) ILIKE '%feature-12%' "
+        "ORDER BY id DESC LIMIT 50")]
+    assert ids(reads.search_jobs(conn, q="feature-12")) == expected
+
+
+@pytest.mark.parametrize("words, hits, expected", [
+    (["feature", "1234"], [1000, 3], "%1234%"),
+    (["make", "build"], [40, 40], "%make build%"),     # no word rarer than another: the text
+    (["zebra"], [0], "%make build%"),                 # one word: the text
+    (["abc", "abcd"], [5, 5], "%make build%"),
+    (["abc", "abcd", "xyz"], [5, 5, 9], "%abcd%"),      # a tie: the longer word
+])
+def test_narrow_pattern(words, hits, expected):
+    assert reads._narrow_pattern("%make build%", words, hits) == expected

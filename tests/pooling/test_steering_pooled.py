@@ -68,6 +68,9 @@ def test_a_bulk_cancel_of_a_filtered_set_runs_batch_by_batch_through_the_pooler(
     n = 2 * bulk.BULK_BATCH + 37
     web = [world.job()["id"] for _ in range(n)]
     api = [world.job(project="api")["id"] for _ in range(5)]
+    with pooled(bouncer, db_url, logins, "scheduler") as host:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # a runner's login may not
+            host.execute("SELECT pgd_bulk_begin('cancel', '{}', 1, false, NULL, NULL, NULL)")
     with pooled(bouncer, db_url, logins, "operator") as op:
         preview = bulk.preview_bulk(op, action="cancel", filters={"project": "web"})
         assert [j["id"] for j in preview["jobs"]] == web and not preview["truncated"]
@@ -160,6 +163,11 @@ def test_pause_and_drain_through_the_pooler_stop_a_pooled_runners_claims(
             return transitions.claim(host, runner_id=runner, pools=pools,
                                      claim_token=transitions.new_claim_token(), lease_seconds=30)
 
+        # the runner's login may not steer, pooled or not (tests/security/test_roles.py)
+        for stmt in ("SELECT pgd_pause_pool('linux', 'x', NULL)",
+                     "SELECT pgd_drain_runner(%s, NULL, 'x', NULL)" % runner):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                host.execute(stmt)
         paused = transitions.pause_pool(op, pool="linux", reason="maintenance", actor=None)
         assert paused["paused_by"] == logins["operator"]
         assert claim() is None

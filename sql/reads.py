@@ -455,6 +455,8 @@ SEARCH_MAX_CHARS = 200
 # The newest jobs (that pass the filters) the search reads first, by id, before it asks the
 # trigram index: enough to answer a word most commands contain, few enough to cost a few ms.
 SEARCH_PROBE_ROWS = 1000
+# ... and at most this many when the first probe found matches too sparse for a page
+SEARCH_PROBE_ROWS_MAX = 10_000
 _SEARCH_ID = re.compile(r"#?([0-9]+)")
 
 
@@ -493,17 +495,23 @@ def parse_search(q: object) -> tuple[int | None, str | None]:
     return None, _contains(text)
 
 
-# The words of a search text the trigram index may be asked for alone: runs of letters and
-# digits, SEARCH_MIN_CHARS or more (what pg_trgm makes trigrams of; F.35, "pg_trgm"), at
-# most this many, first ones first.
+# The parts of a search text the trigram index may be asked for alone: each run of letters
+# and digits (a word, what pg_trgm makes trigrams of; PostgreSQL docs F.35, "pg_trgm"), with
+# the character before it when there is one — a word's start is then part of the pattern
+# and its trigrams padded (" 23" of "-237": words that start so, far fewer than those that
+# hold "237") — SEARCH_MIN_CHARS characters or more; at most this many, first ones first.
 SEARCH_WORDS_MAX = 8
-_SEARCH_WORD = re.compile(rf"[^\W_]{{{SEARCH_MIN_CHARS},}}")
+_SEARCH_WORD = re.compile(r"[^\W_]+")
 
 
 def _search_words(q: str) -> list[str]:
-    """The words of search text ``q`` (``_SEARCH_WORD``), distinct, in order; at most
-    SEARCH_WORDS_MAX."""
-    return list(dict.fromkeys(_SEARCH_WORD.findall(q.strip())))[:SEARCH_WORDS_MAX]
+    """The parts of search text ``q`` (``_SEARCH_WORD``) as ILIKE-escaped substrings,
+    distinct, in order; at most SEARCH_WORDS_MAX."""
+    text = q.strip()
+    parts = [_contains(text[max(m.start() - 1, 0):m.end()])[1:-1]
+             for m in _SEARCH_WORD.finditer(text)]
+    return list(dict.fromkeys(p for p in parts if len(p.replace("\\", "")) >= SEARCH_MIN_CHARS)
+                )[:SEARCH_WORDS_MAX]
 
 
 def _narrow_pattern(pattern: str, words: list[str], hits: list[int]) -> str:
@@ -572,6 +580,15 @@ def search_jobs(conn, *, q: str, project: str | None = None, submitter: str | No
                                     words=[f"%{w}%" for w in words], **filters)
         if len(probe["ids"]) >= limit or probe["examined"] < SEARCH_PROBE_ROWS:
             found = list(probe["ids"][:limit])
+        elif probe["ids"]:
+            # matches among the newest, too few for a page: read as many more of the newest
+            # as a page would take at that density, when that is a bounded read
+            wider = -(-SEARCH_PROBE_ROWS * limit * 3 // (2 * len(probe["ids"])))
+            if wider <= SEARCH_PROBE_ROWS_MAX:
+                again = Q.probe_recent_jobs(conn, pattern=pattern, probe=wider, words=[],
+                                            **filters)
+                if len(again["ids"]) >= limit or again["examined"] < wider:
+                    found = list(again["ids"][:limit])
     if found is None and pattern is not None:
         narrow = _narrow_pattern(pattern, words, probe["word_hits"])
         # set back on success; an error aborts the transaction, which undoes SET LOCAL itself

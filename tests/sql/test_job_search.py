@@ -200,12 +200,12 @@ def test_the_index_is_asked_for_the_texts_rarest_word_among_the_newest_commands(
     needle = world.job(command=["make", "--branch=feature-1234"])["id"]
     conn.execute("ANALYZE jobs")
     words = reads._search_words("feature-1234")
-    assert words == ["feature", "1234"]
+    assert words == ["feature", "-1234"]
     probe = reads.Q.probe_recent_jobs(conn, pattern=reads._contains("feature-1234"), probe=1000,
                                       words=[f"%{w}%" for w in words], before_id=None, job_id=None,
                                       project_id=None, submitter=None, state=None)
     assert probe["examined"] == 1000 and probe["word_hits"][0] > probe["word_hits"][1]
-    assert reads._narrow_pattern("%feature-1234%", words, probe["word_hits"]) == "%1234%"
+    assert reads._narrow_pattern("%feature-1234%", words, probe["word_hits"]) == "%-1234%"
     assert ids(reads.search_jobs(conn, q="feature-1234")) == [needle]
     assert other not in ids(reads.search_jobs(conn, q="feature-1234"))
     expected = [r["id"] for r in conn.execute(
@@ -223,3 +223,27 @@ def test_the_index_is_asked_for_the_texts_rarest_word_among_the_newest_commands(
 ])
 def test_narrow_pattern(words, hits, expected):
     assert reads._narrow_pattern("%make build%", words, hits) == expected
+
+
+def test_sparse_matches_among_the_newest_widen_the_probe_instead_of_the_index(conn, world, monkeypatch):
+    """A word in one command of 40 among the newest: the probe of 1,000 holds 25, less than a
+    page, so the search reads as many more of the newest as a page takes at that density
+    (bounded by SEARCH_PROBE_ROWS_MAX) and answers from them, without the trigram step."""
+    world.setup()
+    conn.execute("""INSERT INTO jobs (project_id, pool_id, state, command)
+                    SELECT p.id, q.id, 'queued',
+                           ARRAY['make', CASE WHEN g % 40 = 0 THEN 'needle-' || g ELSE 'hay' END]
+                      FROM projects p, pools q, generate_series(1, 4000) g
+                     WHERE p.name = 'web' AND q.name = 'linux'""")
+    expected = [r["id"] for r in conn.execute(
+        "SELECT id FROM jobs WHERE pgd_command_text(command) ILIKE '%needle%' "
+        "ORDER BY id DESC LIMIT 50")]
+    assert len(expected) == 50
+
+    def no_index_step(*a, **kw):
+        raise AssertionError("the trigram step ran")
+    monkeypatch.setattr(reads.Q, "begin_job_search", no_index_step)
+    assert ids(reads.search_jobs(conn, q="needle")) == expected
+    monkeypatch.setattr(reads, "SEARCH_PROBE_ROWS_MAX", 2000)   # too sparse for that bound
+    with pytest.raises(AssertionError, match="the trigram step ran"):
+        reads.search_jobs(conn, q="needle")

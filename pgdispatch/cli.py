@@ -308,7 +308,7 @@ def apply_cmd(obj: Context, path: str, as_json: bool) -> None:
 @click.option("--priority", type=WholeNumber(), default=0, show_default=True, help="-1000..1000; higher first, within the project.")
 @click.option("--max-attempts", type=WholeNumber(), default=1, show_default=True, help="1..100.")
 @click.option("--timeout", "timeout_seconds", type=WholeNumber(), default=3600, show_default=True, help="Seconds, 1..604800.")
-@click.option("--delay", "delay_seconds", type=FiniteFloatRange(), default=0.0, show_default=True, help="Seconds before it may start.")
+@click.option("--delay", "delay_seconds", type=FiniteFloatRange(0, 2592000), default=0.0, show_default=True, help="Seconds before it may start.")
 @click.option("--requires-approval", is_flag=True, help="Wait for an operator's approval.")
 @click.option("--depends-on", "depends_on", type=WholeNumber(), multiple=True, help="Job id that must succeed first (repeatable).")
 @click.option("--idempotency-key", default=None,
@@ -611,7 +611,8 @@ def jobs_bulk(obj: Context, action: str, state: str | None, organization: str | 
     n = preview["count"]
     if not n:
         click.echo(f"no jobs to {action}" + (f" (filter: {said})" if said else "")
-                   + f"; it takes {' and '.join(preview['states']) or 'none of these states'} jobs")
+                   + (f"; it acts on jobs that are {' or '.join(preview['states'])}"
+                      if preview["states"] else ""))
         return
     to = f" to priority {priority}" if action == "reprioritize" else ""
     if result is None:
@@ -939,7 +940,8 @@ def runners_drain(obj: Context, runner_id: int, deadline_seconds: int | None, re
     if as_json:
         emit(result)
         return
-    click.echo(f"runner {runner_id} drained" + (
+    click.echo(f"runner {runner_id} draining: it takes no new jobs and shows drained once what "
+               "it runs has finished" + (
         f"; its builds are handed back after {deadline_seconds} s" if deadline_seconds is not None
         else ""))
 

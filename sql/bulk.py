@@ -15,7 +15,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .audit import check_actor, optional_reason
+from .audit import check_actor, job_exists, optional_reason
 from .db import transition
 from .errors import InvalidInput
 from .explain import read_world, reasons_for
@@ -204,7 +204,7 @@ def apply_bulk(conn, *, action: str, job_ids: Sequence[int],
     Returns:
         {"bulk_event_id", "action", "priority", "requested" (distinct jobs), "done": [ids],
         "skipped": [{"job_id", "state" (now; None for an unknown job), "why"}], in id
-        order}.
+        order}; bulk_event_id None, and no event written, when not one of the ids is a job.
 
     Raises:
         InvalidInput: a bad action, priority, id list, reason or batch size (before
@@ -219,6 +219,10 @@ def apply_bulk(conn, *, action: str, job_ids: Sequence[int],
     for i, g in zip(ids, gens):
         first.setdefault(i, g)
     ordered = sorted(first)
+    if not any(job_exists(conn, job_id=i) for i in ordered):
+        # not one of them is a job: nothing to act on, and no event that changed nothing
+        return _nothing_done(action, priority, requested=len(ordered), skipped=[
+            {"job_id": i, "state": None, "why": "unknown job"} for i in ordered])
     bulk_event_id = _begin(conn, action=action, filter=json.dumps(given, default=str),
                            requested=len(ordered), truncated=bool(truncated), priority=priority,
                            reason=optional_reason(reason), actor=check_actor(actor))
@@ -236,17 +240,28 @@ def apply_bulk(conn, *, action: str, job_ids: Sequence[int],
             "requested": len(ordered), "done": done, "skipped": skipped}
 
 
+def _nothing_done(action: str, priority: int | None, *, requested: int,
+                  skipped: list[dict[str, Any]]) -> dict[str, Any]:
+    """apply_bulk's answer when no job is there to act on: no audit event (bulk_event_id
+    None)."""
+    return {"bulk_event_id": None, "action": action, "priority": priority,
+            "requested": requested, "done": [], "skipped": skipped}
+
+
 def run_bulk(conn, *, action: str, filters: dict[str, Any], priority: int | None = None,
              reason: str | None = None, actor: str | None, dry_run: bool = True,
              live_seconds: float = 90.0) -> dict[str, Any]:
     """Preview bulk ``action`` over ``filters`` and, unless ``dry_run``, apply it at once to
     the previewed ids and generations (``pgdispatch jobs bulk … --yes``, the API without
     job_ids). Returns {"preview": preview_bulk's answer, "result": apply_bulk's or None
-    (dry run, or nothing to do)}. Raises as the two do."""
+    (dry run)}; a filter that matches nothing gives a result with no bulk_event_id (no
+    event is written). Raises as the two do."""
     preview = preview_bulk(conn, action=action, filters=filters, priority=priority,
                            live_seconds=live_seconds)
     result = None
-    if not dry_run and preview["jobs"]:
+    if not dry_run and not preview["jobs"]:
+        result = _nothing_done(action, priority, requested=0, skipped=[])
+    elif not dry_run:
         result = apply_bulk(conn, action=action, job_ids=[j["id"] for j in preview["jobs"]],
                             generations=[j["generation"] for j in preview["jobs"]],
                             filters=preview["filter"], truncated=preview["truncated"],

@@ -330,7 +330,12 @@ def _check_job_list_input(*, state, reason, runner_id, older_than_seconds,
 
 
 def _job_filter_ids(conn, *, organization, project, pool, target, runner_id) -> dict[str, Any]:
-    """The ids of the filter names; UnknownFilter naming the first that does not exist."""
+    """The ids of the filter names; UnknownFilter naming the first that does not exist,
+    InvalidInput for a name that is not text UTF-8 can hold (a command line's stray byte)."""
+    for name, given in (("organization", organization), ("project", project), ("pool", pool),
+                        ("target", target)):
+        if isinstance(given, str):
+            _check_encodable(name, given)
     ids = Q.find_job_filters(conn, organization=organization, project=project, pool=pool,
                              target=target, runner_id=runner_id)
     for name, given in (("organization", organization), ("project", project), ("pool", pool),

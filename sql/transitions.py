@@ -412,7 +412,7 @@ def drain_runner(conn, *, runner_id: int, reason: str, actor: str | None,
     Returns {"runner_id", "name", "drain_requested_at", "drain_requested_by",
     "drain_reason", "drain_deadline"} (database times).
     Raises: InvalidInput (no reason, a deadline out of range); NotFound; Conflict for a
-    stopped runner; AlreadyResolved when it is already drained (says by whom and when).
+    stopped runner; AlreadyResolved when it is already draining (says by whom and when).
     """
     if deadline_seconds is not None:
         deadline_seconds = check_int("deadline seconds", deadline_seconds, 0,

@@ -576,7 +576,7 @@ SPEC: dict[str, Any] = {
                                  required=True),
             "responses": {"200": _json({"$ref": "#/components/schemas/RunnerDrain"}, "drained"),
                           **_errors(*_WRITE),
-                          "409": {"description": "already drained (says by whom and when), or "
+                          "409": {"description": "already draining (says by whom and when), or "
                                                  "the runner is stopped",
                                   "content": _ERROR_CONTENT}},
         }},
@@ -751,8 +751,10 @@ SPEC: dict[str, Any] = {
                     "result": {"oneOf": [{"type": "null"}, {
                         "type": "object",
                         "properties": {
-                            "bulk_event_id": {"type": "integer",
-                                              "description": "the bulk action's audit event"},
+                            "bulk_event_id": {"type": ["integer", "null"],
+                                              "description": "the bulk action's audit event "
+                                                             "(null: no job to act on, none "
+                                                             "written)"},
                             "requested": {"type": "integer"},
                             "priority": {"type": ["integer", "null"]},
                             "done": {"type": "array", "items": {"type": "integer"}},
@@ -775,7 +777,8 @@ _NAME_RULE = "1 to 63 of letters, digits, '_', '.', '-', starting with a letter 
 _KINDS = {"integer": "a whole number", "number": "a number", "string": "text",
           "boolean": "true or false", "array": "a list", "object": "an object", "null": "null"}
 # The error reported when a body has several: structure first, then types, then values.
-_RANK = {"AdditionalProperties": 0, "Required": 1, "Type": 2, "OneOfNotValid": 3}
+# a bad value of a field given (an unknown action, say) is named before a field missing
+_RANK = {"AdditionalProperties": 0, "Enum": 1, "Required": 2, "Type": 3, "OneOfNotValid": 4}
 
 
 def _operations() -> dict[str, dict[str, Any]]:
@@ -823,8 +826,14 @@ def _message(error, root: dict[str, Any]) -> str:
     if kind == "Type":
         wanted = " or ".join(_KINDS.get(t, t) for t in sorted(error.kind.types, key=lambda t: t == "null"))
         return f"{field} must be {wanted}, got {_shown(value)}"
+    if kind == "OneOfNotValid" and "job_ids" in list(error.instance_path):
+        return (f"{field} must be a job id (1 to {2**63 - 1}) or an object with its id and "
+                f"generation (a preview's job), got {_shown(value)}")
     if kind == "OneOfNotValid":
         return f"{field} must be a name ({_NAME_RULE}) or null, got {_shown(value)}"
+    if kind == "AnyOf":  # the one anyOf of the document: the search text (_SEARCH_TEXT)
+        return (f"{field} must be a job id (#N), digits, or 3 to 200 characters of a command "
+                f"(not starting with # or a blank), got {_shown(value)}")
     if kind in ("Minimum", "Maximum"):
         rule = functools.reduce(lambda node, key: node[key], list(error.schema_path)[:-1], root)
         return f"{field} must be between {rule['minimum']} and {rule['maximum']}, got {_shown(value)}"

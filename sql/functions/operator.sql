@@ -523,7 +523,7 @@ $$;
 -- takes only KEY SHARE), then the runner claim lock EXCLUSIVELY (waits for this runner's
 -- claims in flight: pgd_runner_lock_class, sql/functions/claim.sql, says why that is safe),
 -- then drain_requested_at is the clock. Raises PD422 for no reason or a deadline out of
--- range, PD404 for an unknown runner, PD409 for a stopped one, PDALR when already drained.
+-- range, PD404 for an unknown runner, PD409 for a stopped one, PDALR when already draining.
 CREATE OR REPLACE FUNCTION pgd_drain_runner(p_runner_id bigint, p_deadline_seconds double precision,
                                             p_reason text, p_actor text)
 RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
@@ -543,7 +543,7 @@ BEGIN
         RAISE EXCEPTION 'unknown runner %', p_runner_id USING ERRCODE = 'PD404';
     END IF;
     IF v.drain_requested_at IS NOT NULL THEN
-        RAISE EXCEPTION 'runner % is already drained by % at %: %', p_runner_id,
+        RAISE EXCEPTION 'runner % is already draining (drain asked by % at %: %)', p_runner_id,
             v.drain_requested_by, pgd_utc_text(v.drain_requested_at), v.drain_reason
             USING ERRCODE = 'PDALR';
     END IF;

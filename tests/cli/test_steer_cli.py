@@ -53,9 +53,10 @@ def test_runners_drain_and_resume_with_a_deadline(db_url, tmp_path, conn):
                                          hostname="h")
     pgd = _pgd(db_url, tmp_path)
     out = pgd("runners", "drain", str(runner), "--deadline", "300", "--reason", "reboot").stdout
-    assert out == f"runner {runner} drained; its builds are handed back after 300 s\n"
+    assert out == (f"runner {runner} draining: it takes no new jobs and shows drained once what "
+                   "it runs has finished; its builds are handed back after 300 s\n")
     again = pgd("runners", "drain", str(runner), "--reason", "x", check=False)
-    assert again.returncode == 4 and f"already drained by {conn.info.user} at " in again.stderr
+    assert again.returncode == 4 and f"already draining (drain asked by {conn.info.user} at " in again.stderr
     shown = json.loads(pgd("runners", "show", str(runner), "--json").stdout)
     assert shown["drain_state"] == "drained" and shown["drain_reason"] == "reboot"
     assert shown["drain_deadline"] is not None

@@ -163,7 +163,7 @@ def test_drain_and_resume_are_conditional_and_a_stopped_runner_cannot_be_drained
     transitions.stop_runner(world.conn, runner_id=gone)
     transitions.drain_runner(world.conn, runner_id=runner, reason="disk", actor="alice")
     with pytest.raises(AlreadyResolved,
-                       match=rf"runner {runner} is already drained by alice at .* UTC: disk"), \
+                       match=rf"runner {runner} is already draining \(drain asked by alice at .* UTC: disk\)"), \
             world.conn.transaction():
         transitions.drain_runner(world.conn, runner_id=runner, reason="me too", actor="bob")
     with pytest.raises(Conflict, match=rf"runner {gone} is stopped"), world.conn.transaction():

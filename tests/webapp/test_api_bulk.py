@@ -102,3 +102,36 @@ def test_a_viewer_may_not_bulk(api, world):
                    json={"action": "cancel", "dry_run": False})
     assert response.status_code == 403
     assert states(world.conn, [job]) == ["queued"]
+
+
+def test_an_apply_that_finds_nothing_answers_a_result_and_writes_no_event(api, world):
+    world.setup()
+    world.job()
+    before = count(world.conn, "audit_events")
+    empty = api("POST", "/api/v1/jobs/bulk",
+                json={"action": "cancel", "filter": {"state": "failed"}, "dry_run": False})
+    assert empty.status_code == 200, empty.get_json()
+    assert empty.get_json()["result"] == {"bulk_event_id": None, "action": "cancel",
+                                          "priority": None, "requested": 0, "done": [],
+                                          "skipped": []}
+    unknown = api("POST", "/api/v1/jobs/bulk",
+                  json={"action": "cancel", "dry_run": False, "job_ids": [900001, 900002]})
+    assert unknown.status_code == 200, unknown.get_json()
+    result = unknown.get_json()["result"]
+    assert result["bulk_event_id"] is None and result["done"] == []
+    assert [(s["job_id"], s["why"]) for s in result["skipped"]] == [(900001, "unknown job"),
+                                                                    (900002, "unknown job")]
+    assert count(world.conn, "audit_events") == before
+
+
+@pytest.mark.parametrize("body, message", [
+    ({"action": "explode"}, 'action must be one of cancel, retry, approve, reprioritize, got "explode"'),
+    ({"action": "cancel", "dry_run": True, "job_ids": ["x"]}, "job_ids[0] must be a job id"),
+    ({"action": "cancel", "dry_run": True, "job_ids": [{"id": 1}]}, "job_ids[0] must be a job id"),
+])
+def test_bad_bulk_bodies_name_what_is_wrong(api, world, body, message):
+    world.setup()
+    before = count(world.conn, "audit_events")
+    bad = api("POST", "/api/v1/jobs/bulk", json=body)
+    assert bad.status_code == 422 and message in bad.get_json()["error"], bad.get_json()
+    assert count(world.conn, "audit_events") == before

@@ -57,7 +57,7 @@ def test_drain_and_resume_a_runner(api, world):
     body = drained.get_json()
     assert body["drain_requested_by"] == "alice" and body["drain_deadline"] is not None
     twice = api("POST", f"{url}/drain", json={"reason": "again"})
-    assert twice.status_code == 409 and "already drained by alice at " in twice.get_json()["error"]
+    assert twice.status_code == 409 and "already draining (drain asked by alice at " in twice.get_json()["error"]
     shown = api("GET", url, user="victor").get_json()
     assert shown["drain_state"] == "drained" and shown["drain_reason"] == "reboot"
     assert api("POST", f"{url}/resume", user="victor").status_code == 403

@@ -81,7 +81,7 @@ def test_operator_drains_and_resumes_a_runner_from_the_page(operator, viewer, wo
     assert "badge runner-drained" in body and "host reboot" in body and "builds handed back at" in body
     assert "handed back after 120 s" in body  # the flash, out of band
     twice = operator.post(f"/runners/{runner}/drain", data={"reason": "x", "csrf_token": operator.csrf})
-    assert twice.status_code == 409 and b"already drained by alice at" in twice.data
+    assert twice.status_code == 409 and b"already draining (drain asked by alice at" in twice.data
     resumed = operator.post(f"/runners/{runner}/resume", data={"csrf_token": operator.csrf},
                             headers={"HX-Request": "true"})
     assert resumed.status_code == 200 and "badge runner-live" in resumed.get_data(as_text=True)

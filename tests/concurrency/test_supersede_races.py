@@ -47,29 +47,37 @@ def break_lock(world) -> None:
     world.conn.execute(variants.variant_sql(world.conn, "pgd_submit", [NO_LOCK]))
 
 
-def race_two(world, db_url) -> dict:
-    """Submit in an open transaction on one connection; submit again from a thread on
-    another; commit the first after HOLD_S. Returns both jobs, whether the second returned
-    only after the first committed, and the survivors."""
-    superseding(world)
+def hold_then(db_url, held, other) -> dict:
+    """Run ``held`` in an open transaction on one connection and ``other`` from a thread on
+    another; commit the first after HOLD_S. Returns both answers ("held", "other"), when the
+    first committed and when the other returned (time.monotonic)."""
     got: dict = {}
 
     def second() -> None:
         with db.connect(db_url, application_name="racer-second") as conn:
-            got["second"] = submit(conn, project="api")
-            got["second_done"] = time.monotonic()
+            got["other"] = other(conn)
+            got["other_done"] = time.monotonic()
 
     with db.connect(db_url, application_name="racer-first") as first:
         with first.transaction():
-            got["first"] = submit(first)
+            got["held"] = held(first)
             racer = threading.Thread(target=second, name="racer-second")
             racer.start()
             time.sleep(HOLD_S)
             got["committed"] = time.monotonic()
         racer.join(timeout=30)
-    assert not racer.is_alive(), "the second submit never returned"
-    got["survivors"] = survivors(world)
+    assert not racer.is_alive(), "the second transaction never returned"
     return got
+
+
+def race_two(world, db_url) -> dict:
+    """Submit in an open transaction on one connection; submit again from another
+    (hold_then). Returns both jobs, whether the second returned only after the first
+    committed, and the survivors."""
+    superseding(world)
+    got = hold_then(db_url, submit, lambda conn: submit(conn, project="api"))
+    return {"first": got["held"], "second": got["other"], "second_done": got["other_done"],
+            "committed": got["committed"], "survivors": survivors(world)}
 
 
 @pytest.mark.parametrize("variant", ["real", "no lock"])
@@ -164,26 +172,6 @@ def running_deployment(world):
 def fail(conn, c) -> dict:
     return transitions.complete(conn, attempt_id=c.attempt_id, generation=c.generation,
                                 outcome="failed", exit_code=1, receipt_key=c.receipt_key)
-
-
-def hold_then(db_url, held, other) -> dict:
-    """Run ``held`` in an open transaction, ``other`` from a thread on another connection,
-    commit the first after HOLD_S; returns both answers."""
-    got: dict = {}
-
-    def second() -> None:
-        with db.connect(db_url, application_name="racer-second") as conn:
-            got["other"] = other(conn)
-
-    with db.connect(db_url, application_name="racer-first") as first:
-        with first.transaction():
-            got["held"] = held(first)
-            racer = threading.Thread(target=second, name="racer-second")
-            racer.start()
-            time.sleep(HOLD_S)
-        racer.join(timeout=30)
-    assert not racer.is_alive(), "the second transaction never returned"
-    return got
 
 
 @pytest.mark.parametrize("variant", ["real", "submit skips running"])

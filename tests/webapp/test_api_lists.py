@@ -9,11 +9,10 @@ import pytest
 
 from pgdispatch.sql import audit, transitions
 
-from . import test_api
 from .support import make_uncertain_target
 
-# the fixtures: bearer tokens for alice (operator) and victor (viewer), and a client
-tokens, api = test_api.tokens, test_api.api
+# the fixtures tokens and api (bearer tokens for alice, operator, and victor, viewer, and a
+# client) are tests/webapp/conftest.py's
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ def test_a_delay_past_thirty_days_is_one_line(pgd, conn):  # noqa: F811
     proc = pgd("submit", "--project", "web", "--pool", "linux", "--delay", "1e12", "--", "true",
                check=False)
     assert proc.returncode == 2
+    # refused by the option's own range (the bound pgd_submit enforces), before any connection
     assert proc.stderr.strip().splitlines() == [
-        "error: delay must be between 0 and 2592000, got 1e+12"]
+        "error: Invalid value for '--delay': 1000000000000.0 is not in the range 0<=x<=2592000."]
     assert count(conn, "jobs") == 0

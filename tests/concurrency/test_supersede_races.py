@@ -47,18 +47,20 @@ def break_lock(world) -> None:
     world.conn.execute(variants.variant_sql(world.conn, "pgd_submit", [NO_LOCK]))
 
 
-def hold_then(db_url, held, other) -> dict:
+def hold_then(db_url, held, other, connect=None) -> dict:
     """Run ``held`` in an open transaction on one connection and ``other`` from a thread on
-    another; commit the first after HOLD_S. Returns both answers ("held", "other"), when the
+    another; commit the first after HOLD_S. ``connect(application_name)`` opens each
+    (default: straight to ``db_url``). Returns both answers ("held", "other"), when the
     first committed and when the other returned (time.monotonic)."""
     got: dict = {}
+    connect = connect or (lambda name: db.connect(db_url, application_name=name))
 
     def second() -> None:
-        with db.connect(db_url, application_name="racer-second") as conn:
+        with connect("racer-second") as conn:
             got["other"] = other(conn)
             got["other_done"] = time.monotonic()
 
-    with db.connect(db_url, application_name="racer-first") as first:
+    with connect("racer-first") as first:
         with first.transaction():
             got["held"] = held(first)
             racer = threading.Thread(target=second, name="racer-second")

@@ -19,8 +19,6 @@ run here too, and the same checks catch them.
 
 from __future__ import annotations
 
-import threading
-import time
 
 import psycopg
 import pytest
@@ -28,7 +26,7 @@ import pytest
 from pgdispatch.sql import bulk, db, reads, transitions
 
 from .. import variants
-from ..concurrency.test_supersede_races import NO_LOCK, survivors
+from ..concurrency.test_supersede_races import NO_LOCK, hold_then, survivors
 from ..security.test_roles import PASSWORD, logins  # noqa: F401 - a fixture
 from .pgbouncer import PgBouncer
 from .test_roles import as_client
@@ -202,7 +200,6 @@ def test_a_superseding_submit_through_the_pooler_supersedes_the_older_deployment
     assert survivors(world) == [newer["id"]]
 
 
-HOLD_S = 0.5
 
 
 @pytest.mark.parametrize("variant", ["real", "no lock"])
@@ -218,23 +215,16 @@ def test_two_superseding_submits_racing_through_the_pooler_leave_one_survivor(
     b = bouncer_for(server_url, logins, 2)
     got: dict = {}
     try:
-        def second() -> None:
-            with pooled(b, db_url, logins, "operator", application_name="racer-second") as c:
-                got["pid"] = c.execute("SELECT pg_backend_pid() AS p").fetchone()["p"]
-                got["second"] = submit(c, project="api")
-                got["second_done"] = time.monotonic()
+        def submit_on(conn, key: str, **kw):
+            got[key] = conn.execute("SELECT pg_backend_pid() AS p").fetchone()["p"]
+            return submit(conn, **kw)
 
-        with pooled(b, db_url, logins, "operator", application_name="racer-first") as first:
-            with first.transaction():
-                got["first_pid"] = first.execute("SELECT pg_backend_pid() AS p").fetchone()["p"]
-                got["first"] = submit(first)
-                racer = threading.Thread(target=second, name="racer-second")
-                racer.start()
-                time.sleep(HOLD_S)
-                got["committed"] = time.monotonic()
-            racer.join(timeout=30)
-        assert not racer.is_alive(), "the second submit never returned"
-        got["survivors"] = survivors(world)
+        raced = hold_then(db_url, lambda c: submit_on(c, "first_pid"),
+                          lambda c: submit_on(c, "pid", project="api"),
+                          connect=lambda name: pooled(b, db_url, logins, "operator",
+                                                      application_name=name))
+        got.update(first=raced["held"], second=raced["other"], committed=raced["committed"],
+                   second_done=raced["other_done"], survivors=survivors(world))
         # then, on one pooled connection, a third submit meets no lock left behind
         with pooled(b, db_url, logins, "operator") as third:
             with third.transaction():

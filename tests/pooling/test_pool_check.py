@@ -44,8 +44,9 @@ def test_checkouts_through_pgbouncer_cost_the_server_no_transaction(db_url, pgbo
             with db.checkout(pool):
                 pass
         after = server_transactions(db_url)
-        # only the count's own transactions; a check per checkout would be CHECKOUTS more
-        assert after - before <= counting + 1, (counting, before, after)
+        # only the count's own transactions (give or take a few of the server's own, such as
+        # an autovacuum worker's); a check per checkout would be CHECKOUTS more
+        assert after - before - counting < CHECKOUTS // 3, (counting, before, after)
         with db.checkout(pool) as conn:  # and a connection checked out still works
             assert conn.execute("SELECT 1 AS one").fetchone()["one"] == 1
     finally:

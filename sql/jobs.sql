@@ -281,22 +281,25 @@ SELECT j.id, j.state, j.priority, j.command, j.project_id, j.pool_id, j.target_i
 -- name: probe_recent_jobs^
 -- The job search's first step (reads.search_jobs): of the newest :probe jobs below :before_id
 -- that pass the filters (project, submitter, state; each NULL when not asked for), the ids of
--- those whose command text matches the ILIKE :pattern, newest first, how many were
--- examined, and for each ILIKE pattern of :words (the text's words, in order) how many of
--- them contain it (word_hits: the sample the second step picks its index word by).
--- Bounded whatever the word: a word most commands contain is answered here, from
--- jobs_pkey, jobs_project_idx or jobs_submitter_idx read backwards. Read-only.
+-- those whose command text contains :pattern (an ILIKE pattern, matched as ILIKE matches it
+-- in a multibyte encoding, lower() of both sides, each side lowered once: PostgreSQL docs
+-- 9.7.1), newest first, how many were examined and the lowest and highest id examined (the
+-- span the matches were found in, from which the second step sizes its window), and for
+-- each pattern of :words (the text's words, in order) how many of them contain it
+-- (word_hits: the sample the second step picks its index word by). Bounded whatever the
+-- word: a word most commands contain is answered here, from jobs_pkey, jobs_project_idx or
+-- jobs_submitter_idx read backwards. Read-only.
 WITH c AS (
-    SELECT j.id, pgd_command_text(j.command) AS text FROM jobs j
+    SELECT j.id, lower(pgd_command_text(j.command)) AS text FROM jobs j
      WHERE j.id < coalesce(CAST(:before_id AS bigint), 9223372036854775807)
        AND j.id IS DISTINCT FROM CAST(:job_id AS bigint)
        AND (CAST(:project_id AS bigint) IS NULL OR j.project_id = :project_id)
        AND (CAST(:submitter AS text) IS NULL OR j.submitted_by = :submitter)
        AND (CAST(:state AS text) IS NULL OR j.state = :state)
      ORDER BY j.id DESC LIMIT :probe)
-SELECT coalesce(array_agg(c.id ORDER BY c.id DESC) FILTER (WHERE c.text ILIKE :pattern), '{}') AS ids,
-       count(*) AS examined,
-       ARRAY(SELECT (SELECT count(*) FROM c WHERE c.text ILIKE w.p)
+SELECT coalesce(array_agg(c.id ORDER BY c.id DESC) FILTER (WHERE c.text LIKE lower(:pattern)), '{}') AS ids,
+       count(*) AS examined, min(c.id) AS lowest_id, max(c.id) AS highest_id,
+       ARRAY(SELECT (SELECT count(*) FROM c WHERE c.text LIKE lower(w.p))
                FROM unnest(CAST(:words AS text[])) WITH ORDINALITY AS w (p, n)
               ORDER BY w.n) AS word_hits
   FROM c;
@@ -323,14 +326,19 @@ SELECT set_config('enable_indexscan', :indexscan, true) AS indexscan,
 -- The job search's page (reads.search_jobs): job :job_id itself when asked for (first page
 -- only: :before_id NULL), then the jobs :ids (the probe's matches) or, with :ids NULL, the
 -- jobs whose command, as one text (pgd_command_text, the expression of
--- jobs_command_trgm_idx), matches the ILIKE :pattern, newest first below :before_id, at
--- most :limit, with the filters project, submitter (submitted_by) and state, each NULL when
--- not asked for. The trigram index is asked for :narrow, a pattern every match of :pattern
--- also matches (one of its words, or :pattern itself), and :pattern is checked on the rows
--- it finds, out of the index's sight (the text || ''): GIN reads the whole posting list of
--- every trigram it is asked for, so a word most commands share ("feature" in
--- "feature-1234") costs the search its whole history when it is asked too. Planned with
--- its values (begin_job_list) and bitmap scans only (begin_job_search). The same row as list_jobs gives, and "match": id or command. Read-only.
+-- jobs_command_trgm_idx), matches the ILIKE :pattern, newest first below :before_id and from
+-- :floor_id up (NULL: no floor), at most :limit, with the filters project, submitter
+-- (submitted_by) and state, each NULL when not asked for. The trigram index is asked for
+-- :narrow, a pattern every match of :pattern also matches (one of its words, or :pattern
+-- itself), and :pattern is checked on the rows it finds as lower() LIKE lower(), which the
+-- index does not serve (ILIKE's own comparison, each side lowered once: PostgreSQL docs
+-- 9.7.1): GIN reads the whole posting list of every trigram it is asked for, so a word most
+-- commands share ("feature" in "feature-1234") costs the search its whole history when it is
+-- asked too. The floor is a jobs_pkey range the planner ANDs with the trigram bitmap, so
+-- that only the window's rows are read from the heap (a word in a few thousand commands
+-- costs what its matches among the newest cost, not all of them). Planned with its values
+-- (begin_job_list) and bitmap scans only (begin_job_search). The same row as list_jobs
+-- gives, and "match": id or command. Read-only.
 -- The row is spelled out again, as aiosql shares no fragment between statements;
 -- tests/sql/test_job_search.py checks that the two agree.
 WITH page AS (
@@ -346,8 +354,9 @@ WITH page AS (
     (SELECT j.id, 'command' FROM jobs j
       WHERE CAST(:pattern AS text) IS NOT NULL AND CAST(:ids AS bigint[]) IS NULL
         AND pgd_command_text(j.command) ILIKE :narrow
-        AND (pgd_command_text(j.command) || '') ILIKE :pattern
+        AND lower(pgd_command_text(j.command)) LIKE lower(:pattern)
         AND j.id < coalesce(CAST(:before_id AS bigint), 9223372036854775807)
+        AND j.id >= coalesce(CAST(:floor_id AS bigint), 0)
         AND j.id IS DISTINCT FROM CAST(:job_id AS bigint)
         AND (CAST(:project_id AS bigint) IS NULL OR j.project_id = :project_id)
         AND (CAST(:submitter AS text) IS NULL OR j.submitted_by = :submitter)

@@ -460,8 +460,15 @@ SEARCH_MAX_CHARS = 200
 # The newest jobs (that pass the filters) the search reads first, by id, before it asks the
 # trigram index: enough to answer a word most commands contain, few enough to cost a few ms.
 SEARCH_PROBE_ROWS = 1000
-# ... and at most this many when the first probe found matches too sparse for a page
+# ... and, when that held matches too sparse for a page, as many more of the newest as a
+# page takes at that density (and a half), when that is at most this many: cheaper than the
+# trigram index for a word whose trigrams most commands share ("step7").
 SEARCH_PROBE_ROWS_MAX = 10_000
+# Otherwise the trigram step reads the matches of a window of the newest ids first, sized
+# from the probe's density so that it holds this many pages of matches on average (as if it
+# had found one when it found none), then below the window only when that fell short of a
+# page (docs/benchmarks.md, "Finding a job").
+SEARCH_WINDOW_PAGES = 2
 _SEARCH_ID = re.compile(r"#?([0-9]+)")
 
 
@@ -549,7 +556,8 @@ def search_jobs(conn, *, q: str, project: str | None = None, submitter: str | No
     ``state``. Newest first, keyset-paged by id: ``before_id`` from the previous page's
     ``next``; the id match comes first, on the first page only. Two steps: the newest
     SEARCH_PROBE_ROWS jobs that pass the filters, read by id (a common word is found there),
-    then, if they held less than a page, the trigram index with bitmap scans only.
+    then, if they held less than a page, the trigram index with bitmap scans only, in a
+    window of the newest ids first (_search_commands).
 
     Returns:
         {"query": q stripped, "job_id": the id asked for or None, "jobs": [list_jobs row +
@@ -576,38 +584,63 @@ def search_jobs(conn, *, q: str, project: str | None = None, submitter: str | No
     now = Q.begin_job_list(conn)["now"]
     filters = dict(job_id=job_id, project_id=ids["project_id"], submitter=submitter, state=state,
                    before_id=before_id)
-    found = None
-    if pattern is not None:
-        # first the newest jobs, a bounded read whatever the word; then, when they hold fewer
-        # than a page of matches, the trigram index (probe_recent_jobs, begin_job_search)
-        words = _search_words(q)
-        probe = Q.probe_recent_jobs(conn, pattern=pattern, probe=SEARCH_PROBE_ROWS,
-                                    words=[f"%{w}%" for w in words], **filters)
-        if len(probe["ids"]) >= limit or probe["examined"] < SEARCH_PROBE_ROWS:
-            found = list(probe["ids"][:limit])
-        elif probe["ids"]:
-            # matches among the newest, too few for a page: read as many more of the newest
-            # as a page would take at that density, when that is a bounded read
-            wider = -(-SEARCH_PROBE_ROWS * limit * 3 // (2 * len(probe["ids"])))
-            if wider <= SEARCH_PROBE_ROWS_MAX:
-                again = Q.probe_recent_jobs(conn, pattern=pattern, probe=wider, words=[],
-                                            **filters)
-                if len(again["ids"]) >= limit or again["examined"] < wider:
-                    found = list(again["ids"][:limit])
-    if found is None and pattern is not None:
-        narrow = _narrow_pattern(pattern, words, probe["word_hits"])
-        # set back on success; an error aborts the transaction, which undoes SET LOCAL itself
-        saved = Q.begin_job_search(conn)
-        rows = list(Q.search_jobs(conn, pattern=pattern, narrow=narrow, ids=None, limit=limit,
-                                  **filters))
-        Q.end_job_search(conn, indexscan=saved["indexscan"], seqscan=saved["seqscan"])
+    if pattern is None:
+        rows = list(Q.search_jobs(conn, pattern=None, narrow=None, ids=None, floor_id=None,
+                                  limit=limit, **filters))
     else:
-        rows = list(Q.search_jobs(conn, pattern=None, narrow=None, ids=found, limit=limit,
-                                  **filters))
+        rows = _search_commands(conn, q=q, pattern=pattern, limit=limit, filters=filters)
     commands = [r for r in rows if r["match"] == "command"]
     return {"query": q.strip(), "job_id": job_id, "jobs": rows, "order": "newest_first",
             "next": {"before_id": commands[-1]["id"]} if len(commands) == limit else None,
             "now": now}
+
+
+def _search_commands(conn, *, q: str, pattern: str, limit: int,
+                     filters: dict[str, Any]) -> list[dict[str, Any]]:
+    """search_jobs' rows for a command text: the id match (if any) and at most ``limit``
+    commands matching ``pattern``, newest first. Each step is bounded by what it finds:
+
+    1. The probe (probe_recent_jobs): the newest SEARCH_PROBE_ROWS jobs that pass the
+       filters. A page of matches among them, or fewer jobs than that, is the answer; when
+       it found some, but too few for a page, and a page at that density takes at most
+       SEARCH_PROBE_ROWS_MAX jobs, a wider probe of that many answers.
+    2. Otherwise the trigram index (search_jobs with :pattern), from a floor id up: a window
+       of the newest ids that holds SEARCH_WINDOW_PAGES pages of matches at the density the
+       probe found (at least one match assumed), so that the heap is read for the matches of
+       the window only — the GIN bitmap ANDed with a jobs_pkey range.
+    3. Only when the window held less than a page: the rest of the page below it.
+    """
+    words = _search_words(q)
+    probe = Q.probe_recent_jobs(conn, pattern=pattern, probe=SEARCH_PROBE_ROWS,
+                                words=[f"%{w}%" for w in words], **filters)
+    found, sample = None, probe
+    if len(probe["ids"]) >= limit or probe["examined"] < SEARCH_PROBE_ROWS:
+        found = probe["ids"][:limit]
+    elif probe["ids"]:
+        wider = -(-SEARCH_PROBE_ROWS * limit * 3 // (2 * len(probe["ids"])))
+        if wider <= SEARCH_PROBE_ROWS_MAX:
+            sample = Q.probe_recent_jobs(conn, pattern=pattern, probe=wider, words=[], **filters)
+            if len(sample["ids"]) >= limit or sample["examined"] < wider:
+                found = sample["ids"][:limit]
+    if found is not None:
+        return list(Q.search_jobs(conn, pattern=None, narrow=None, ids=found, floor_id=None,
+                                  limit=limit, **filters))
+    narrow = _narrow_pattern(pattern, words, probe["word_hits"])
+    # the window from the widest probe's density: its matches per id
+    span = sample["highest_id"] - sample["lowest_id"] + 1
+    window = -(-span * limit * SEARCH_WINDOW_PAGES // max(len(sample["ids"]), 1))
+    floor_id = sample["highest_id"] - window + 1
+    # set back on success; an error aborts the transaction, which undoes SET LOCAL itself
+    saved = Q.begin_job_search(conn)
+    rows = list(Q.search_jobs(conn, pattern=pattern, narrow=narrow, ids=None,
+                              floor_id=floor_id, limit=limit, **filters))
+    got = sum(r["match"] == "command" for r in rows)
+    if got < limit and floor_id > 1:
+        below = {**filters, "before_id": floor_id}
+        rows += Q.search_jobs(conn, pattern=pattern, narrow=narrow, ids=None, floor_id=None,
+                              limit=limit - got, **below)
+    Q.end_job_search(conn, indexscan=saved["indexscan"], seqscan=saved["seqscan"])
+    return rows
 
 
 # --- show one project, pool, target, runner (`pgdispatch … show`, /api/v1/…/{name}) --------

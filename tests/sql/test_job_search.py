@@ -225,25 +225,109 @@ def test_narrow_pattern(words, hits, expected):
     assert reads._narrow_pattern("%make build%", words, hits) == expected
 
 
-def test_sparse_matches_among_the_newest_widen_the_probe_instead_of_the_index(conn, world, monkeypatch):
-    """A word in one command of 40 among the newest: the probe of 1,000 holds 25, less than a
-    page, so the search reads as many more of the newest as a page takes at that density
-    (bounded by SEARCH_PROBE_ROWS_MAX) and answers from them, without the trigram step."""
-    world.setup()
-    conn.execute("""INSERT INTO jobs (project_id, pool_id, state, command)
-                    SELECT p.id, q.id, 'queued',
-                           ARRAY['make', CASE WHEN g % 40 = 0 THEN 'needle-' || g ELSE 'hay' END]
-                      FROM projects p, pools q, generate_series(1, 4000) g
-                     WHERE p.name = 'web' AND q.name = 'linux'""")
-    expected = [r["id"] for r in conn.execute(
-        "SELECT id FROM jobs WHERE pgd_command_text(command) ILIKE '%needle%' "
-        "ORDER BY id DESC LIMIT 50")]
-    assert len(expected) == 50
+def insert_commands(conn, *blocks: tuple[int, str]) -> list[int]:
+    """Jobs of acme/web in blocks, oldest first: (count, SQL of the command's second word
+    from g, the row's number in its block, 1-based); their ids, oldest first."""
+    out: list[int] = []
+    for count, word in blocks:
+        out += [r["id"] for r in conn.execute(f"""
+            INSERT INTO jobs (project_id, pool_id, state, command)
+            SELECT p.id, q.id, 'queued', ARRAY['make', {word}]
+              FROM projects p, pools q, generate_series(1, {count}) g
+             WHERE p.name = 'web' AND q.name = 'linux' ORDER BY g RETURNING jobs.id""")]
+    return sorted(out)
 
-    def no_index_step(*a, **kw):
-        raise AssertionError("the trigram step ran")
-    monkeypatch.setattr(reads.Q, "begin_job_search", no_index_step)
+
+def index_steps(monkeypatch) -> list[dict]:
+    """The calls search_jobs makes of the trigram step (Q.search_jobs with a pattern), each
+    with its floor_id and before_id; the real statement runs."""
+    calls: list[dict] = []
+    real = reads.Q.search_jobs
+
+    def spy(conn, **kw):
+        if kw["pattern"] is not None:
+            calls.append({"floor_id": kw["floor_id"], "before_id": kw["before_id"],
+                          "limit": kw["limit"]})
+        return real(conn, **kw)
+    monkeypatch.setattr(reads.Q, "search_jobs", spy)
+    return calls
+
+
+def newest_matching(conn, word: str, limit: int = 50) -> list[int]:
+    return [r["id"] for r in conn.execute(
+        "SELECT id FROM jobs WHERE pgd_command_text(command) ILIKE %s ORDER BY id DESC LIMIT %s",
+        (f"%{word}%", limit))]
+
+
+def test_sparse_matches_among_the_newest_widen_the_probe_before_the_index(conn, world, monkeypatch):
+    """A word in one command of 40: the probe of the newest 1,000 holds 25, less than a page,
+    so the search reads as many more of the newest as a page takes at that density, and a
+    half (3,000; bounded by SEARCH_PROBE_ROWS_MAX), and answers from them, without the
+    trigram step."""
+    world.setup()
+    insert_commands(conn, (4000, "CASE WHEN g % 40 = 0 THEN 'needle-' || g ELSE 'hay' END"))
+    expected = newest_matching(conn, "needle")
+    assert len(expected) == 50
+    calls = index_steps(monkeypatch)
     assert ids(reads.search_jobs(conn, q="needle")) == expected
+    assert calls == []
     monkeypatch.setattr(reads, "SEARCH_PROBE_ROWS_MAX", 2000)   # too sparse for that bound
-    with pytest.raises(AssertionError, match="the trigram step ran"):
-        reads.search_jobs(conn, q="needle")
+    assert ids(reads.search_jobs(conn, q="needle")) == expected
+    assert len(calls) == 1
+
+
+def test_sparse_matches_among_the_newest_are_read_from_a_window_of_the_newest_ids(conn, world, monkeypatch):
+    """A word in one command of 40, with a bound the widened probe would pass: the probe of
+    the newest 1,000 holds 25, so the trigram step reads the ids from a floor that leaves
+    SEARCH_WINDOW_PAGES pages of matches at that density (4,000 ids), one statement, and
+    answers what SQL alone does."""
+    world.setup()
+    made = insert_commands(conn, (8000, "CASE WHEN g % 40 = 0 THEN 'needle-' || g ELSE 'hay' END"))
+    monkeypatch.setattr(reads, "SEARCH_PROBE_ROWS_MAX", 2000)
+    calls = index_steps(monkeypatch)
+    expected = newest_matching(conn, "needle")
+    assert len(expected) == 50
+    assert ids(reads.search_jobs(conn, q="needle")) == expected
+    window = 1000 * 50 * reads.SEARCH_WINDOW_PAGES // 25
+    assert calls == [{"floor_id": made[-1] - window + 1, "before_id": None, "limit": 50}]
+
+
+def test_a_window_short_of_a_page_is_followed_by_the_rest_below_it(conn, world, monkeypatch):
+    """The newest 1,000 hold 25 matches, the 3,000 before them none, and older ones many
+    (and a bound the widened probe would pass): the window (4,000 ids) holds the 25, so a second statement reads the other 25 below its
+    floor; the page is what SQL alone gives, and the next page follows on from it."""
+    world.setup()
+    made = insert_commands(conn, (2000, "'needle-' || g"), (3000, "'hay'"),
+                           (1000, "CASE WHEN g % 40 = 0 THEN 'needle-' || g ELSE 'hay' END"))
+    monkeypatch.setattr(reads, "SEARCH_PROBE_ROWS_MAX", 2000)
+    calls = index_steps(monkeypatch)
+    expected = newest_matching(conn, "needle", 100)
+    page = reads.search_jobs(conn, q="needle")
+    assert ids(page) == expected[:50]
+    floor_id = made[-1] - 1000 * 50 * reads.SEARCH_WINDOW_PAGES // 25 + 1
+    assert calls == [{"floor_id": floor_id, "before_id": None, "limit": 50},
+                     {"floor_id": None, "before_id": floor_id, "limit": 25}]
+    assert ids(reads.search_jobs(conn, q="needle", **page["next"])) == expected[50:]
+
+
+def test_no_match_among_the_newest_reads_a_window_as_if_one_were_there(conn, world, monkeypatch):
+    """None of the newest 1,000 matches: the window is the one a single match would give
+    (100,000 ids), and the rare word is found below the probe."""
+    world.setup()
+    made = insert_commands(conn, (3, "'zqxjvw-' || g"), (1500, "'hay'"))
+    calls = index_steps(monkeypatch)
+    assert ids(reads.search_jobs(conn, q="zqxjvw")) == made[2::-1]
+    floor_id = made[-1] - 1000 * 50 * reads.SEARCH_WINDOW_PAGES + 1
+    # below the window only when there are ids below it (the shared database's ids grow)
+    assert calls == [{"floor_id": floor_id, "before_id": None, "limit": 50}] + (
+        [{"floor_id": None, "before_id": floor_id, "limit": 47}] if floor_id > 1 else [])
+
+
+def test_the_floor_keeps_older_matches_out(conn, world):
+    """search_jobs (sql/jobs.sql) with :floor_id answers only ids from the floor up."""
+    world.setup()
+    made = insert_commands(conn, (10, "'needle-' || g"))
+    rows = reads.Q.search_jobs(conn, pattern="%needle%", narrow="%needle%", ids=None,
+                               floor_id=made[6], limit=50, job_id=None, project_id=None,
+                               submitter=None, state=None, before_id=None)
+    assert [r["id"] for r in rows] == made[:5:-1]

@@ -24,8 +24,9 @@ from ..factories import World
 from .test_migrations import MIGRATIONS
 
 # the example comes after the real migrations, as the next real one will
-EXAMPLE = f"{len(MIGRATIONS) + 1:04d}_example"
-LATER = f"{len(MIGRATIONS) + 2:04d}"
+NEXT = int(MIGRATIONS[-1][:4]) + 1
+EXAMPLE = f"{NEXT:04d}_example"
+LATER = f"{NEXT + 1:04d}"
 EXAMPLE_MIGRATION = f"""\
 -- {EXAMPLE}: jobs say which body of pgd_claim took them (a test's example migration).
 ALTER TABLE jobs ADD COLUMN claimed_by_body text;

@@ -626,16 +626,19 @@ def _search_commands(conn, *, q: str, pattern: str, limit: int,
         return list(Q.search_jobs(conn, pattern=None, narrow=None, ids=found, floor_id=None,
                                   limit=limit, **filters))
     narrow = _narrow_pattern(pattern, words, probe["word_hits"])
-    # the window from the widest probe's density: its matches per id
-    span = sample["highest_id"] - sample["lowest_id"] + 1
-    window = -(-span * limit * SEARCH_WINDOW_PAGES // max(len(sample["ids"]), 1))
-    floor_id = sample["highest_id"] - window + 1
+    # the window from the widest probe's density: its matches per id; no window when the
+    # probe examined nothing (SEARCH_PROBE_ROWS 0: no density to size it by)
+    floor_id = None
+    if sample["highest_id"] is not None:
+        span = sample["highest_id"] - sample["lowest_id"] + 1
+        window = -(-span * limit * SEARCH_WINDOW_PAGES // max(len(sample["ids"]), 1))
+        floor_id = sample["highest_id"] - window + 1
     # set back on success; an error aborts the transaction, which undoes SET LOCAL itself
     saved = Q.begin_job_search(conn)
     rows = list(Q.search_jobs(conn, pattern=pattern, narrow=narrow, ids=None,
                               floor_id=floor_id, limit=limit, **filters))
     got = sum(r["match"] == "command" for r in rows)
-    if got < limit and floor_id > 1:
+    if got < limit and floor_id is not None and floor_id > 1:
         below = {**filters, "before_id": floor_id}
         rows += Q.search_jobs(conn, pattern=pattern, narrow=narrow, ids=None, floor_id=None,
                               limit=limit - got, **below)

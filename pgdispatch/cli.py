@@ -611,8 +611,7 @@ def jobs_bulk(obj: Context, action: str, state: str | None, organization: str | 
     n = preview["count"]
     if not n:
         click.echo(f"no jobs to {action}" + (f" (filter: {said})" if said else "")
-                   + (f"; it acts on jobs that are {' or '.join(preview['states'])}"
-                      if preview["states"] else ""))
+                   + f"; {action} takes jobs that are {' or '.join(bulk.ACTION_STATES[action])}")
         return
     to = f" to priority {priority}" if action == "reprioritize" else ""
     if result is None:

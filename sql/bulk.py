@@ -71,6 +71,14 @@ def check_filters(filters: dict[str, Any]) -> dict[str, Any]:
     return given
 
 
+def _filter_ids(conn, given: dict[str, Any]) -> dict[str, Any]:
+    """The ids of the names in checked filters ``given`` (reads._job_filter_ids). Raises
+    UnknownFilter (an InvalidInput) for a name or runner id that does not exist."""
+    return _job_filter_ids(conn, organization=given.get("organization"), project=given.get("project"),
+                           pool=given.get("pool"), target=given.get("target"),
+                           runner_id=given.get("runner_id"))
+
+
 def _check_ids(job_ids: Any, generations: Any) -> tuple[list[int], list[int | None]]:
     if not isinstance(job_ids, (list, tuple)) or not job_ids:
         raise InvalidInput("job_ids must be a list of 1 to 10000 job ids")
@@ -130,9 +138,7 @@ def preview_bulk(conn, *, action: str, filters: dict[str, Any], priority: int | 
         raise InvalidInput(f"limit must be a whole number between 1 and {MAX_BULK_JOBS}")
     if job_ids is not None:
         job_ids, _ = _check_ids(job_ids, None)
-    ids = _job_filter_ids(conn, organization=given.get("organization"), project=given.get("project"),
-                          pool=given.get("pool"), target=given.get("target"),
-                          runner_id=given.get("runner_id"))
+    ids = _filter_ids(conn, given)
     states = [s for s in ACTION_STATES[action] if given.get("state") in (None, s)]
     reason = given.get("reason")
     now = Q.begin_job_list(conn)["now"]
@@ -207,12 +213,14 @@ def apply_bulk(conn, *, action: str, job_ids: Sequence[int],
         order}; bulk_event_id None, and no event written, when not one of the ids is a job.
 
     Raises:
-        InvalidInput: a bad action, priority, id list, reason or batch size (before
-            anything is written). Forbidden: the actor may not act (viewer).
+        InvalidInput: a bad action, priority, id list, filter, reason or batch size
+            (before anything is written); UnknownFilter (an InvalidInput) for a filter
+            naming a project, pool, target, organization or runner that does not exist. Forbidden: the actor may not act (viewer).
     """
     priority = check_action(action, priority)
     ids, gens = _check_ids(job_ids, generations)
     given = check_filters(filters or {})
+    _filter_ids(conn, given)  # the event records the filter: only one that names what exists
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 500:
         raise InvalidInput("batch size must be a whole number between 1 and 500")
     first: dict[int, int | None] = {}

@@ -51,8 +51,10 @@ BEGIN
         IF NOT v.requires_approval THEN
             RETURN 'does not require approval';
         ELSIF v.approved_at IS NOT NULL OR v.state <> 'blocked' THEN
-            RETURN format('already approved or ended (%s, by %s)', v.state,
-                          coalesce(v.approved_by, pgd_last_actor('job:' || v.id)));
+            RETURN format('already approved or ended (%s, by %s%s)', v.state,
+                          coalesce(v.approved_by, pgd_last_actor('job:' || v.id)),
+                          CASE WHEN v.state NOT IN ('blocked', 'queued', 'running')
+                               THEN '; ' || pgd_job_state_note(v) ELSE '' END);
         END IF;
         RETURN pgd_approver_refusal(v, p_actor);
     END IF;

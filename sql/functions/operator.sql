@@ -204,8 +204,11 @@ BEGIN
         RAISE EXCEPTION 'job % does not require approval', p_job_id USING ERRCODE = 'PD409';
     END IF;
     IF v.approved_at IS NOT NULL OR v.state <> 'blocked' THEN
+        -- an ended job also says why it ended (superseded by which job, cancelled why)
         RAISE EXCEPTION 'job % is already approved or ended (%, by %)', p_job_id, v.state,
-            coalesce(v.approved_by, pgd_last_actor('job:' || p_job_id)) USING ERRCODE = 'PDALR';
+            coalesce(v.approved_by, pgd_last_actor('job:' || p_job_id))
+            || CASE WHEN v.state NOT IN ('blocked', 'queued', 'running')
+                 THEN '; ' || pgd_job_state_note(v) ELSE '' END USING ERRCODE = 'PDALR';
     END IF;
     PERFORM pgd_check_approver(v, p_actor);
     v := pgd_approve_locked(p_job_id, p_actor);
@@ -260,12 +263,20 @@ $$;
 -- caller has locked and checked (pgd_retry_job; the bulk retry, sql/functions/bulk.sql).
 -- An approval covers a submission and its automatic retries; an operator's re-run of a
 -- deployment to a protected target is a new deployment and waits for a new approval.
+-- On a superseding target the retried deployment is a deployment like a new one: it ends
+-- superseded when a newer one exists (pgd_supersede_stale), else it supersedes the older
+-- ones still waiting in its scope (pgd_supersede_older, keeping what it waits for), as a
+-- submit would. The caller holds the target's supersede lock (pgd_lock_supersede_scopes).
+-- The older rows are locked after this one, against the jobs-by-id lock order: a bulk
+-- action holding one of them meanwhile makes a deadlock that PostgreSQL detects and the
+-- transaction's retry runs again (sql/db.py, RETRYABLE).
 -- Returns the row as it is now.
 CREATE OR REPLACE FUNCTION pgd_retry_locked(p_job_id bigint) RETURNS jobs
 LANGUAGE plpgsql AS $$
 DECLARE
     v jobs%ROWTYPE;
     v_protected boolean;
+    v_scope text;
 BEGIN
     SELECT coalesce(t.requires_approval, false) INTO v_protected
       FROM jobs j LEFT JOIN targets t ON t.id = j.target_id WHERE j.id = p_job_id;
@@ -280,6 +291,15 @@ BEGIN
     -- a deployment older than a newer one to its superseding target ends superseded instead
     IF pgd_supersede_stale(p_job_id) IS NOT NULL THEN
         SELECT * INTO v FROM jobs WHERE id = p_job_id;
+    ELSIF v.target_id IS NOT NULL THEN
+        -- else the older ones waiting in its scope end superseded by it
+        v_scope := pgd_supersede_scope(v.project_id, v.target_id);
+        IF v_scope IS NOT NULL THEN
+            PERFORM pgd_supersede_older(p_job_id, v.target_id,
+                                        (SELECT t.name FROM targets t WHERE t.id = v.target_id),
+                                        CASE WHEN v_scope = 'project' THEN v.project_id END,
+                                        pgd_upstream_jobs(ARRAY[p_job_id]));
+        END IF;
     END IF;
     RETURN v;
 END;

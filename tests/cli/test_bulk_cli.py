@@ -52,7 +52,8 @@ def test_preview_then_yes_then_json(pgd, conn):
     assert body["dry_run"] is False and body["preview"]["count"] == 1
     assert body["result"]["done"] == [ids[-1] + 1] and body["result"]["priority"] == 7
     nothing = pgd("jobs", "bulk", "retry", "--state", "queued")
-    assert nothing.returncode == 0 and nothing.stdout.startswith("no jobs to retry (filter: state=queued)")
+    assert nothing.returncode == 0 and nothing.stdout.strip() == (
+        "no jobs to retry (filter: state=queued); retry takes jobs that are failed or cancelled")
 
 
 def test_set_priority(pgd, conn):

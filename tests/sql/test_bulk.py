@@ -185,6 +185,9 @@ def test_set_priority_is_conditional_and_audited(world):
     (dict(action="cancel", job_ids=[]), "job_ids"),
     (dict(action="cancel", job_ids=list(range(1, 10002))), "at most 10000"),
     (dict(action="cancel", job_ids=[1], generations=[1, 2]), "as long as job_ids"),
+    # the apply records its filter in the bulk event: a name that does not exist is refused
+    (dict(action="cancel", job_ids=[1], filters={"pool": "nope"}), "unknown pool"),
+    (dict(action="cancel", job_ids=[1], filters={"runner_id": 99}), "unknown runner 99"),
 ])
 def test_bad_input_is_refused_before_anything_is_written(world, call, message):
     world.setup()

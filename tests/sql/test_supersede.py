@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgdispatch.sql import InvalidInput, Conflict, reads, transitions
+from pgdispatch.sql import InvalidInput, Conflict, bulk, reads, transitions
 
 from ..factories import World
 
@@ -134,7 +134,8 @@ def test_a_superseded_job_is_final_for_operators(world):
         transitions.cancel_job(world.conn, job_id=old["id"], actor="alice")
     with pytest.raises(Conflict, match=r"superseded"), world.conn.transaction():
         transitions.retry_job(world.conn, job_id=old["id"], actor="alice")
-    with pytest.raises(Conflict, match=r"already approved or ended \(superseded"), world.conn.transaction():
+    with pytest.raises(Conflict, match=rf"already approved or ended \(superseded, by system; "
+                                       rf"superseded by job {new['id']}, at "), world.conn.transaction():
         transitions.approve_job(world.conn, job_id=old["id"], actor="bob")
     listed = reads.list_jobs(world.conn, state="superseded")["jobs"]
     assert [j["id"] for j in listed] == [old["id"]]
@@ -236,6 +237,31 @@ def test_an_operator_retry_or_rerun_of_an_older_deployment_ends_superseded(world
                                         note="host rebooted", actor="alice")
     assert result["job_state"] == "superseded"
     assert state(world, newer["id"]) == "superseded" and state(world, newest["id"]) == "queued"
+
+
+@pytest.mark.parametrize("how", ["retry", "bulk retry"])
+def test_a_retried_deployment_supersedes_the_older_ones_still_waiting(world, how):
+    """A retry puts a newer deployment back to waiting: like a new submit, it supersedes the
+    older deployments waiting in its scope. Here supersede is declared after both were
+    submitted, the older one waiting for an approval while the newer one ran and failed."""
+    world.setup(targets=())
+    world.apply({"targets": [{"name": "staging"}]})
+    runner = world.runner()
+    old = deploy(world, requires_approval=True)
+    newer = deploy(world, max_attempts=1)
+    c = world.claim(runner)
+    assert c.job_id == newer["id"]
+    assert world.complete(c, outcome="failed", exit_code=1)["job_state"] == "failed"
+    world.apply({"targets": [{"name": "staging", "supersede": True}]})
+    if how == "retry":
+        assert transitions.retry_job(world.conn, job_id=newer["id"], actor="alice")["state"] == "queued"
+    else:
+        r = bulk.apply_bulk(world.conn, action="retry", job_ids=[newer["id"]], filters={},
+                            reason="flaky host", actor="alice")
+        assert r["done"] == [newer["id"]]
+    row = world.row("jobs", old["id"])
+    assert (row["state"], row["last_error"]) == ("superseded", f"superseded by job {newer['id']}")
+    assert world.claim(runner).job_id == newer["id"]
 
 
 def test_a_superseding_submit_keeps_its_whole_upstream_chain(world):

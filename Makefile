@@ -15,9 +15,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/pgdispatch demo
 
+# Two workers (pytest-xdist), each file on one of them: its tests share its fixtures and
+# its embedded server, as they do in a serial run (docs/contributing.md).
 test: $(STAMP)
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 # The longer local profile of the randomized fault run (see README, "Tests").
 test-long: $(STAMP)

@@ -16,10 +16,12 @@ demo: $(STAMP)
 	$(BIN)/pgdispatch demo
 
 # Two workers (pytest-xdist), each file on one of them: its tests share its fixtures and
-# its embedded server, as they do in a serial run (docs/contributing.md).
+# its embedded server, as they do in a serial run; then the tests marked solo (the fairness
+# measurements) alone (docs/contributing.md).
 test: $(STAMP)
 	$(BIN)/lint-imports
-	$(BIN)/pytest -q -n 2 --dist loadfile
+	$(BIN)/pytest -q -n 2 --dist loadfile -m "not solo"
+	$(BIN)/pytest -q -m solo
 
 # The longer local profile of the randomized fault run (see README, "Tests").
 test-long: $(STAMP)

@@ -54,8 +54,8 @@ from typing import Any
 
 from pgdispatch.sql import db, transitions
 
-from .common import (POOL, Bench, Series, limits, prepare, run_processes, scratch_database,
-                     throughput)
+from .common import (POOL, Bench, Series, limits, prepare, run_costs, run_processes,
+                     scratch_database, throughput)
 
 # --- SQL of the run's check (not production code) ------------------------------------------
 
@@ -105,9 +105,10 @@ CYCLES: dict[str, Cycle] = {}
 SERIES: dict[str, Series] = {}
 
 
-def cycle(name: str, *, label: str) -> Callable[[Cycle], Cycle]:
-    """Register a pgdispatch cycle as two series: ``name`` (limits free) and ``name-bound``
-    (limits binding)."""
+def cycle(name: str, *, label: str, batch: int) -> Callable[[Cycle], Cycle]:
+    """Register a pgdispatch cycle of at most ``batch`` jobs per claim as two series:
+    ``name`` (limits free: system "pgdispatch", compared with the peers, which have no
+    limits) and ``name-bound`` (limits binding: system "pgdispatch-bound")."""
 
     def register(fn: Cycle) -> Cycle:
         CYCLES[name] = fn
@@ -115,7 +116,8 @@ def cycle(name: str, *, label: str) -> Callable[[Cycle], Cycle]:
             series_name = f"{name}-bound" if binding else name
             SERIES[series_name] = Series(
                 name=series_name, label=f"{label}, limits {'binding' if binding else 'free'}",
-                kind="pgdispatch",
+                kind="pgdispatch", system="pgdispatch-bound" if binding else "pgdispatch",
+                batch=batch,
                 run=lambda bench, clients, _c=name, _b=binding, _s=series_name: run_pgdispatch(
                     bench, clients, cycle_name=_c, binding=_b, series=_s))
         return fn
@@ -123,7 +125,7 @@ def cycle(name: str, *, label: str) -> Callable[[Cycle], Cycle]:
     return register
 
 
-@cycle("pgdispatch", label="pgdispatch 1 job/txn")
+@cycle("pgdispatch", label="pgdispatch 1 job/txn", batch=1)
 def one_per_transaction(conn, loop: Loop) -> int:
     """Today's transitions: claim one job, complete it (outcome succeeded, receipt key)."""
     c = transitions.claim(conn, runner_id=loop.runner_id, pools=loop.pool_ids,
@@ -156,8 +158,10 @@ def batched(size: int) -> Cycle:
     return run
 
 
-cycle("pgdispatch-batch10", label="pgdispatch 10 jobs/txn")(batched(10))
-cycle("pgdispatch-batch50", label="pgdispatch 50 jobs/txn")(batched(50))
+# the batch sizes swept, the same as PGQueuer's (bench/peers.py, BATCHES)
+BATCHES = (10, 50, 100, 200)
+for _size in BATCHES:
+    cycle(f"pgdispatch-batch{_size}", label=f"pgdispatch {_size} jobs/txn", batch=_size)(batched(_size))
 
 
 def pgdispatch_worker(barrier, url: str, index: int, cycle_name: str, pool_ids: list[int],
@@ -192,11 +196,12 @@ def run_pgdispatch(bench: Bench, clients: int, *, cycle_name: str, binding: bool
     with scratch_database(bench.server_url, "pgd_bench_claim", template=bench.template) as url:
         pool_ids = prepare(url, jobs=bench.jobs, projects=bench.projects, limit=limit,
                            warmup=bench.warmup)
-        workers = run_processes(
-            pgdispatch_worker,
-            [(url, i, cycle_name, pool_ids, bench.lease_seconds, bench.idle_seconds)
-             for i in range(clients)],
-            timeout_seconds=bench.timeout_seconds)
+        with run_costs(bench.server_url, bench.jobs) as costs:
+            workers = run_processes(
+                pgdispatch_worker,
+                [(url, i, cycle_name, pool_ids, bench.lease_seconds, bench.idle_seconds)
+                 for i in range(clients)],
+                timeout_seconds=bench.timeout_seconds)
         check_done(url, bench.jobs + bench.warmup)
     return throughput(series, clients, bench.jobs, workers, limits=limit,
-                      empty_claims=sum(w["empty_claims"] for w in workers))
+                      empty_claims=sum(w["empty_claims"] for w in workers), **costs)

@@ -161,7 +161,6 @@ class Bench:
     timeout_seconds: float = 900.0
     tpcb_seconds: float = 10.0
     tpcb_scale: int = 16
-    pgqueuer_batch: int = 10
     warmup: int = 2000
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
     cleanups: list[Callable[[], None]] = dataclasses.field(default_factory=list)
@@ -177,13 +176,18 @@ class Bench:
 @dataclasses.dataclass(frozen=True)
 class Series:
     """A throughput series: a name, a label for tables, what it is (``pgdispatch``, ``peer``
-    or ``ceiling``), and ``run(bench, clients) -> result`` (one timed run)."""
+    or ``ceiling``), and ``run(bench, clients) -> result`` (one timed run). ``system``
+    groups the settings of one system that a sweep compares (``pgdispatch``, ``pgqueuer``,
+    ...; the best of a system is its best series at its best N), and ``batch`` is the most
+    jobs one claiming transaction takes (None where that is not the setting swept)."""
 
     name: str
     label: str
     kind: str
     run: Callable[[Bench, int], dict[str, Any]]
     unavailable: Callable[[], str | None] = lambda: None
+    system: str | None = None
+    batch: int | None = None
 
 
 # --- the bench queue: limits and jobs ---------------------------------------------------------
@@ -326,6 +330,98 @@ def throughput(series: str, clients: int, jobs: int, workers: list[dict[str, Any
     seconds = end - start
     return {"series": series, "clients": clients, "jobs": jobs, "seconds": seconds,
             "jobs_per_s": jobs / seconds, **extra}
+
+
+# --- per-job cost of a timed run ---------------------------------------------------------------
+
+# The WAL record types that add an index entry: a B-tree leaf insert (plain, posting-list
+# split, or the insert that splits its page), a GIN insert (fast-update pending list or tree).
+INDEX_INSERT_RECORDS = ("Btree/INSERT_LEAF", "Btree/INSERT_POST", "Btree/SPLIT_L", "Btree/SPLIT_R",
+                        "Gin/INSERT", "Gin/UPDATE_META_PAGE")
+
+
+def _proc_seconds(pid: int) -> tuple[float, float]:
+    """(own, reaped children's) CPU seconds of process ``pid`` (utime + stime, cutime +
+    cstime: proc(5), /proc/PID/stat fields 14-17)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
+
+
+def _server_cpu_seconds(postmaster: int) -> float | None:
+    """CPU seconds the server has used so far: the postmaster's own and its reaped children's
+    (backends that exited), plus its live children's. None when /proc cannot tell."""
+    try:
+        own, reaped = _proc_seconds(postmaster)
+        live = 0.0
+        for child in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                live += _proc_seconds(int(child))[0]
+        return own + reaped + live
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _postmaster_pid(conn) -> int | None:
+    """The server's postmaster pid when it runs on this machine (its backend's parent)."""
+    pid = conn.execute("SELECT pg_backend_pid() AS p").fetchone()["p"]
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        comm = Path(f"/proc/{pid}/comm").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1]) if "postgres" in comm else None
+
+
+@contextlib.contextmanager
+def run_costs(server_url: str, jobs: int) -> Iterator[dict[str, Any]]:
+    """Measure what the block costs the server per job; the yielded dict is filled after it:
+
+    * ``wal_bytes_per_job`` — ``pg_current_wal_lsn()`` difference ÷ ``jobs``;
+    * ``wal_records_per_job``, ``wal_fpi_per_job`` — ``pg_stat_wal`` differences ÷ ``jobs``
+      (the workers' backends flush their counts when they exit; PostgreSQL docs 27.2,
+      "pg_stat_wal");
+    * ``server_cpu_seconds_per_job`` — the postmaster's and its children's CPU time
+      (``/proc``), when the server runs on this machine, else None;
+    * ``index_entries_per_job`` and ``wal_by_record`` (records per job of each WAL record
+      type, the 12 most frequent) — ``pg_walinspect``'s ``pg_get_wal_stats`` over the
+      block's LSN range (PostgreSQL docs F.35), when the extension can be created (a
+      superuser), else None; index entries count ``INDEX_INSERT_RECORDS``.
+
+    The figures are the whole server's: run nothing else beside it (the alternated series
+    run one at a time). Autovacuum and checkpoints in the range are included."""
+    out: dict[str, Any] = {}
+    with db.connect(server_url, application_name="bench-costs") as conn:
+        conn.autocommit = True
+        walinspect = True
+        try:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+        except Exception:  # noqa: BLE001 - not a superuser, or no contrib: the rest stands
+            walinspect = False
+        postmaster = _postmaster_pid(conn)
+        cpu0 = _server_cpu_seconds(postmaster) if postmaster else None
+        start = conn.execute("SELECT pg_current_wal_lsn() AS lsn, wal_records, wal_fpi "
+                             "FROM pg_stat_wal").fetchone()
+        yield out
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        end = conn.execute("SELECT pg_current_wal_lsn() AS lsn, wal_records, wal_fpi, "
+                           "pg_wal_lsn_diff(pg_current_wal_lsn(), %s) AS bytes FROM pg_stat_wal",
+                           (start["lsn"],)).fetchone()
+        cpu1 = _server_cpu_seconds(postmaster) if postmaster else None
+        n = max(jobs, 1)
+        out["wal_bytes_per_job"] = float(end["bytes"]) / n
+        out["wal_records_per_job"] = (end["wal_records"] - start["wal_records"]) / n
+        out["wal_fpi_per_job"] = (end["wal_fpi"] - start["wal_fpi"]) / n
+        out["server_cpu_seconds_per_job"] = (cpu1 - cpu0) / n if cpu0 is not None and cpu1 is not None else None
+        out["index_entries_per_job"] = out["wal_by_record"] = None
+        if walinspect:
+            rows = conn.execute(
+                "SELECT \"resource_manager/record_type\" AS kind, count FROM "
+                "pg_get_wal_stats(%s, %s, true) WHERE count > 0 ORDER BY count DESC",
+                (start["lsn"], end["lsn"])).fetchall()
+            counts = {r["kind"]: r["count"] for r in rows}
+            out["index_entries_per_job"] = sum(counts.get(k, 0) for k in INDEX_INSERT_RECORDS) / n
+            out["wal_by_record"] = {k: v / n for k, v in list(counts.items())[:12]}
 
 
 # --- pgbench ------------------------------------------------------------------------------------

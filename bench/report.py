@@ -4,7 +4,7 @@ figures, then the report (table, JSON, chart). ``python -m bench report`` re-pri
 Run it from the repository root (``make bench`` installs ``bench/requirements.txt`` first)::
 
     python -m bench all [--quick] [--clients 1,4,8,16] [--repeats 3] [--jobs 10000]
-                        [--series pgdispatch,pgqueuer,...] [--history 1000000] [--no-latency]
+                        [--series pgdispatch,pgqueuer-batch50,...] [--history 1000000] [--no-latency]
     python -m bench report [RESULTS.json] [--chart docs/benchmarks.png]
 
 One PostgreSQL serves the whole invocation: the embedded one (started in a temporary
@@ -14,7 +14,8 @@ one after the other, the first series rotating with the repeat, so that drift of
 (other work, caches, checkpoints) falls on every series alike. Series:
 
 * ``pgdispatch``, ``pgdispatch-bound`` — ``bench/claim.py`` (limits free / binding);
-* ``pgqueuer``, ``procrastinate`` — ``bench/peers.py``;
+* ``pgqueuer-batch10`` … ``-batch200``, ``procrastinate-c1`` … ``-c16`` — ``bench/peers.py`` (each
+  peer swept over its setting; ``pgdispatch-batch10`` … ``-batch200`` the same batch sizes);
 * ``raw-claim``, ``tpcb`` — ``bench/ceiling.py`` (pgbench).
 
 Then ``bench/latency.py`` (claim latency, console and explain at size). The report gives, per
@@ -88,7 +89,6 @@ def parse(argv: Sequence[str], *, prog: str, only: Sequence[str] | None,
                    help="pause of a pgdispatch loop whose claim found nothing (seconds)")
     p.add_argument("--warmup", type=int, default=2000,
                    help="jobs each pgdispatch run completes, then ANALYZE, before its clock starts")
-    p.add_argument("--pgqueuer-batch", type=int, default=10, help="PGQueuer dequeue batch size")
     p.add_argument("--tpcb-seconds", type=float, help="duration of each tpcb-like run (seconds)")
     p.add_argument("--tpcb-scale", type=int, help="pgbench -i scale (default: the largest N)")
     p.add_argument("--timeout-seconds", type=float, default=900.0, help="limit of one run (seconds)")
@@ -165,15 +165,16 @@ def run(opts: argparse.Namespace, *, command: Sequence[str]) -> dict[str, Any]:
             print(f"!! {name} cannot run: {reason}", flush=True)
         else:
             series.append(known[name])
-    label_values = {**{k: v or "?" for k, v in vers.items()}, "pgqueuer_batch": opts.pgqueuer_batch}
+    label_values = {k: v or "?" for k, v in vers.items()}
     started_at = dt.datetime.now(dt.timezone.utc)
     doc: dict[str, Any] = {
         "created_at": started_at.isoformat(timespec="seconds"),
         "command": list(command), "quick": opts.quick, "machine": machine(), "versions": vers,
         "params": {k: getattr(opts, k) for k in (
-            "clients", "repeats", "jobs", "warmup", "projects", "idle_seconds", "pgqueuer_batch",
+            "clients", "repeats", "jobs", "warmup", "projects", "idle_seconds",
             "tpcb_seconds", "tpcb_scale", "history", "queued_sizes", "latency_claims")},
-        "series": {s.name: {"label": s.label.format(**label_values), "kind": s.kind} for s in series},
+        "series": {s.name: {"label": s.label.format(**label_values), "kind": s.kind,
+                            "system": s.system, "batch": s.batch} for s in series},
         "unavailable": unavailable, "runs": [], "errors": [], "latency": [],
     }
     print(f"versions: {json.dumps(vers)}", flush=True)
@@ -183,8 +184,7 @@ def run(opts: argparse.Namespace, *, command: Sequence[str]) -> dict[str, Any]:
         bench = Bench(server_url=url, server_kind=kind, template=make_template(url), jobs=opts.jobs,
                       projects=opts.projects, idle_seconds=opts.idle_seconds,
                       timeout_seconds=opts.timeout_seconds, tpcb_seconds=opts.tpcb_seconds,
-                      tpcb_scale=opts.tpcb_scale, pgqueuer_batch=opts.pgqueuer_batch,
-                      warmup=opts.warmup)
+                      tpcb_scale=opts.tpcb_scale, warmup=opts.warmup)
         try:
             for repeat in range(opts.repeats):
                 for n in opts.clients:
@@ -209,6 +209,8 @@ def run(opts: argparse.Namespace, *, command: Sequence[str]) -> dict[str, Any]:
     doc["elapsed_seconds"] = (dt.datetime.now(dt.timezone.utc) - started_at).total_seconds()
     doc["summary"] = summarize(doc["runs"])
     doc["ratios"] = ratios(doc)
+    doc["comparisons"] = comparisons(doc)
+    doc["costs"] = costs(doc)
     return doc
 
 
@@ -248,6 +250,74 @@ def ratios(doc: dict[str, Any]) -> dict[str, dict[str, float]]:
             if cells:
                 out[f"{p}/{other}"] = cells
     return out
+
+
+COST_FIELDS = ("wal_bytes_per_job", "wal_records_per_job", "wal_fpi_per_job",
+               "index_entries_per_job", "server_cpu_seconds_per_job")
+
+
+def costs(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{series: {"clients": its best N, field: median over its runs at that N}} for the
+    per-job cost fields (COST_FIELDS, bench/common.py run_costs) where the runs have them."""
+    out: dict[str, dict[str, Any]] = {}
+    for s, by_n in doc["summary"].items():
+        n = max(by_n, key=lambda k: by_n[k]["median"])
+        runs = [r for r in doc["runs"] if r["series"] == s and str(r["clients"]) == n]
+        cell: dict[str, Any] = {"clients": int(n)}
+        for f in COST_FIELDS:
+            values = [r[f] for r in runs if r.get(f) is not None]
+            cell[f] = statistics.median(values) if values else None
+        if any(cell[f] is not None for f in COST_FIELDS):
+            out[s] = cell
+    return out
+
+
+def comparisons(doc: dict[str, Any]) -> dict[str, Any]:
+    """The two comparisons the targets are judged by (docs/benchmarks.md), from the medians:
+
+    * "equal_batch": for each batch size B that pgdispatch (limits free) and a peer both ran
+      — the series of system "pgdispatch" and of the peer's system with ``batch`` B —
+      {"batch", "ours", "peer" (series names), "ratios": {N: ours / peer}, "raw" (the raw
+      SQL cycle at B, bench/ceiling.py, or None), "of_raw": {N: (ours / raw, peer / raw)}};
+    * "best": for each system, its best median over every series of that system and every
+      N: {"series", "clients", "median"}; "best_ratios": {peer system: pgdispatch's best /
+      that peer's best}, each pair named in the table; "best_of_raw": {system: its best / the
+      raw cycle's best}: how close each comes to what PostgreSQL itself does here.
+
+    A saved result from before the sweep (no "system" in its series) gives none."""
+    summary, info = doc["summary"], doc["series"]
+    system = lambda s: info.get(s, {}).get("system")  # noqa: E731
+    best: dict[str, dict[str, Any]] = {}
+    for s, by_n in summary.items():
+        if not system(s):
+            continue
+        for n, cell in by_n.items():
+            if system(s) not in best or cell["median"] > best[system(s)]["median"]:
+                best[system(s)] = {"series": s, "clients": int(n), "median": cell["median"]}
+    equal = []
+    ours = {info[s]["batch"]: s for s in summary if system(s) == "pgdispatch"}
+    raws = {info[s]["batch"]: s for s in summary if system(s) == "raw"}
+    for s in summary:
+        if info.get(s, {}).get("kind") != "peer" or info[s].get("batch") not in ours:
+            continue
+        mine = ours[info[s]["batch"]]
+        cells = {n: summary[mine][n]["median"] / summary[s][n]["median"]
+                 for n in summary[mine] if n in summary[s] and summary[s][n]["median"]}
+        if cells:
+            raw = raws.get(info[s]["batch"])
+            of_raw = {n: (summary[mine][n]["median"] / summary[raw][n]["median"],
+                          summary[s][n]["median"] / summary[raw][n]["median"])
+                      for n in cells if raw and n in summary[raw] and summary[raw][n]["median"]}
+            equal.append({"batch": info[s]["batch"], "ours": mine, "peer": s, "ratios": cells,
+                          "raw": raw, "of_raw": of_raw})
+    equal.sort(key=lambda e: (e["peer"].split("-")[0], e["batch"]))
+    peers_best = {k: v for k, v in best.items()
+                  if any(info[s].get("kind") == "peer" and info[s].get("system") == k for s in info)}
+    best_ratios = ({k: best["pgdispatch"]["median"] / v["median"] for k, v in peers_best.items()}
+                   if "pgdispatch" in best else {})
+    of_raw = ({k: v["median"] / best["raw"]["median"] for k, v in best.items() if k != "raw"}
+              if "raw" in best else {})
+    return {"equal_batch": equal, "best": best, "best_ratios": best_ratios, "best_of_raw": of_raw}
 
 
 # --- output -------------------------------------------------------------------------------------
@@ -292,6 +362,47 @@ def tables(doc: dict[str, Any]) -> str:
                  *[f"{v[n]:.2f}" if n in v else "—" for n in clients]] for k, v in doc["ratios"].items()]
         parts += ["Ratios of medians, pgdispatch / peer and pgdispatch / ceiling", "",
                   _md(["ratio", *[f"N={n}" for n in clients]], rows), ""]
+    comp = doc.get("comparisons") or {}
+    if comp.get("equal_batch"):
+        def cell(e: dict[str, Any], n: str) -> str:
+            if n not in e["ratios"]:
+                return "—"
+            raw = e["of_raw"].get(n)
+            return f"{e['ratios'][n]:.2f}" + (f" ({raw[0]:.2f} / {raw[1]:.2f} of raw)" if raw else "")
+
+        rows = [[str(e["batch"]), f"{label(e['ours'])} / {label(e['peer'])}",
+                 *[cell(e, n) for n in clients]] for e in comp["equal_batch"]]
+        parts += ["At equal batch: pgdispatch (limits free) / the peer at the same jobs per "
+                  "claiming transaction, ratio of medians at each N (in brackets each one's "
+                  "fraction of the raw SQL cycle at that batch, when it ran)", "",
+                  _md(["batch", "pair", *[f"N={n}" for n in clients]], rows), ""]
+    if comp.get("best_ratios"):
+        ours = comp["best"]["pgdispatch"]
+        rows = [[f"{label(ours['series'])}, N={ours['clients']}: {ours['median']:,.0f}",
+                 f"{label(b['series'])}, N={b['clients']}: {b['median']:,.0f}",
+                 f"{comp['best_ratios'][k]:.2f}"] for k, b in comp["best"].items()
+                if k in comp["best_ratios"]]
+        parts += ["Best against best: each system's best median over the settings and N it ran "
+                  "(jobs/s)", "", _md(["pgdispatch at its best", "peer at its best", "ratio"], rows), ""]
+    if comp.get("best_of_raw"):
+        raw = comp["best"]["raw"]
+        parts += [f"Of the ceiling (the raw SQL cycle at its best: {label(raw['series'])}, "
+                  f"N={raw['clients']}: {raw['median']:,.0f}/s): "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in comp["best_of_raw"].items()), ""]
+    if doc.get("costs"):
+        fmt = lambda v, spec: "—" if v is None else format(v, spec)  # noqa: E731
+        rows = [[label(s), str(c["clients"]), fmt(c["wal_bytes_per_job"], ",.0f"),
+                 fmt(c["wal_records_per_job"], ".1f"), fmt(c["wal_fpi_per_job"], ".2f"),
+                 fmt(c["index_entries_per_job"], ".1f"),
+                 fmt(None if c["server_cpu_seconds_per_job"] is None
+                     else c["server_cpu_seconds_per_job"] * 1e6, ",.0f")]
+                for s, c in sorted(doc["costs"].items(),
+                                   key=lambda kv: KIND_ORDER[doc["series"][kv[0]]["kind"]])]
+        parts += ["Per-job cost at each series' best N (median of its runs there): the whole "
+                  "server's WAL, index entries and CPU during the timed part (bench/common.py, "
+                  "run_costs)", "",
+                  _md(["series", "N", "WAL bytes", "WAL records", "full-page images",
+                       "index entries", "server CPU µs"], rows), ""]
     if doc["latency"]:
         rows = [[f"{r['queued']:,}", f"{r['history']:,}", f"{r['claim_ms']['p50']:.2f}",
                  f"{r['claim_ms']['p95']:.2f}", f"{r['claim_ms']['p99']:.2f}",

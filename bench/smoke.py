@@ -44,6 +44,11 @@ NO_FLUSH = ("fsync", "synchronous_commit", "full_page_writes")
 RUN_ELSEWHERE = ("fleet",)
 
 
+SMOKE_SERIES = ("pgdispatch", "pgdispatch-bound", "pgdispatch-batch10", "pgdispatch-batch200",
+                "pgdispatch-batch200-bound", "pgqueuer-batch10", "pgqueuer-batch200",
+                "procrastinate-c1", "procrastinate-c16", "raw-claim", "raw-claim-batch200", "tpcb")
+
+
 def runs(out: Path) -> list[tuple[str, list[str], list[Path]]]:
     """(benchmark, arguments, files it must write) in run order, at smoke sizes."""
     return [
@@ -66,7 +71,10 @@ def runs(out: Path) -> list[tuple[str, list[str], list[Path]]]:
                        "--out", str(out / "claim-wal.json")], [out / "claim-wal.json"]),
         ("search", ["--jobs", "3000", "--runs", "2", "--submits", "20", "--repeats", "1",
                     "--out", str(out / "search.json")], [out / "search.json"]),
-        ("all", ["--clients", "1", "--repeats", "1", "--jobs", "20", "--warmup", "20",
+        # one of each kind of series, the smallest and the largest batch of each sweep (the
+        # sizes between run the same code)
+        ("all", ["--series", ",".join(SMOKE_SERIES),
+                 "--clients", "1", "--repeats", "1", "--jobs", "20", "--warmup", "20",
                  "--tpcb-seconds", "1", "--tpcb-scale", "1", "--history", "100",
                  "--queued-sizes", "50", "--latency-claims", "5", "--timeout-seconds", "120",
                  "--out", str(out / "all.json"), "--chart", str(out / "all.png")], [out / "all.json"]),

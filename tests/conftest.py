@@ -75,6 +75,24 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "own_database: conn and world commit into a fresh database of this test's "
                    "own instead of a rolled-back transaction (tests/conftest.py)")
+    config.addinivalue_line(
+        "markers", "solo: measures a share or a rate over seconds of real claiming, so it runs "
+                   "with no other test beside it: `make test` runs these after the parallel "
+                   "part, serially (-m solo); every test in tests/fairness is one")
+
+
+# tests/fairness measures running ratios over seconds of concurrent claims: a parallel
+# worker's load beside it moves a ratio out of its tolerance (a weighted run read 2.32 for
+# 3.0 ± 0.5 beside the other worker), so they run alone
+SOLO_DIRS = ("fairness",)
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(__file__).parent
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(root).parts
+        if parts and parts[0] in SOLO_DIRS:
+            item.add_marker(pytest.mark.solo)
 
 
 def with_database(url: str, name: str) -> str:

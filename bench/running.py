@@ -7,7 +7,8 @@ Run it from the repository root::
 One server for the invocation (an embedded PostgreSQL in a temporary directory, or
 ``DATABASE_URL``'s; see bench/claim.py), a fresh copy of a migrated template per size. For
 each N in ``--running``: the bench organization and pool with limits that do not bind
-(100,000), 4 projects without a bound, N + ``--claims`` queued no-op jobs; N of them are
+(100,000, an organization's largest limit: so N is at most 99,999, one slot left for
+the timed claim), 4 projects without a bound, N + ``--claims`` queued no-op jobs; N of them are
 claimed in batches of 500 with a one-hour lease and left running (so N organization and pool
 slots are held and N jobs count as running for fairness), then ``VACUUM ANALYZE``. Then
 ``--claims`` times, one session: ``pgdispatch.sql.transitions.claim`` one job (timed: the call's wall
@@ -17,8 +18,10 @@ the first N's.
 
 Why: every claim reads, without locks, whether capacity is scarce
 (``pgd_capacity_scarce``) and each candidate project's running count
-(``pgd_claim_candidates``); both were counts over the running jobs before the scarcity read
-counted free slots (docs/benchmarks.md, "Claim cost with many jobs running").
+(``pgd_claim_candidates``); both were counts over the running jobs, until the scarcity read
+counted free slots and the project count was kept on its stripes (project_running_stripes,
+sql/functions/capacity.sql): both now read a few rows whatever runs (docs/benchmarks.md,
+"Claim cost with many jobs running").
 """
 
 from __future__ import annotations
@@ -35,8 +38,8 @@ from typing import Any
 
 from pgdispatch.sql import db, transitions
 
-from .common import (POOL, RESULTS_DIR, bench_server, limits, percentile, prepare, scratch_database,
-                     template_database)
+from .common import (FREE_LIMIT, POOL, RESULTS_DIR, bench_server, limits, percentile, prepare,
+                     scratch_database, template_database)
 
 BATCH = 500
 
@@ -106,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.claims < 1:
         parser.error("--claims must be at least 1")
+    if max(args.running) >= FREE_LIMIT:
+        parser.error(f"--running must stay below {FREE_LIMIT:,} (the organization's limit; "
+                     "the timed claim needs one slot)")
     created = dt.datetime.now(dt.timezone.utc)
     with bench_server() as (server_url, kind), template_database(server_url) as template:
         rows = []

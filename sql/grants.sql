@@ -37,14 +37,14 @@ GRANT EXECUTE ON FUNCTION pgd_runner_drain TO pgdispatch_scheduler;
 GRANT SELECT ON organizations, pools, projects, project_pools, runners, targets, jobs,
                 job_dependencies, attempts, audit_events, queue_summaries, capacity_stripes,
                 capacity_debts, runner_grants, duty_leases, queue_history, queue_reason_history,
-                project_target_supersede
+                project_target_supersede, project_running_stripes
     TO pgdispatch_reader, pgdispatch_web;
 GRANT SELECT (id, username, role, created_at, disabled_at) ON users
     TO pgdispatch_reader, pgdispatch_web;
 GRANT SELECT (id, user_id, name, created_at, last_used_at, revoked_at, expires_at) ON api_tokens
     TO pgdispatch_reader, pgdispatch_web;
--- the running counts the lists show (plain SQL functions over capacity_stripes and jobs,
--- inlined into the reads)
+-- the running counts the lists show (plain SQL functions over capacity_stripes and
+-- project_running_stripes, inlined into the reads)
 GRANT EXECUTE ON FUNCTION pgd_organization_running, pgd_pool_running, pgd_project_running,
                           pgd_waiting_since, pgd_job_list_match
     TO pgdispatch_reader, pgdispatch_web;

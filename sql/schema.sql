@@ -318,6 +318,9 @@ CREATE TABLE attempts (
     -- the job's ready_at when this attempt claimed it: its wait is claimed_at - ready_at
     -- (the overview's wait chart, queue_history); NULL for attempts claimed before 0010
     ready_at            timestamptz,
+    -- the stripe (project_running_stripes.stripe_no) of its project's running count it
+    -- counts on while it runs; NULL for attempts claimed before 0017 that had ended by then
+    project_stripe      smallint,
     UNIQUE (job_id, attempt_no),
     UNIQUE (job_id, generation),
     CHECK ((state = 'running') = (finished_at IS NULL))
@@ -464,6 +467,18 @@ CREATE TABLE capacity_stripes (
     held      integer NOT NULL DEFAULT 0,
     CHECK (held >= 0 AND held <= cap),
     PRIMARY KEY (kind, owner_id, stripe_no)
+) WITH (fillfactor = 20);
+
+-- A project's running jobs, counted on up to pgd_capacity_stripes() (8) stripes: stripe k
+-- counts `running` of them; the project's running count is the sum (pgd_project_running).
+-- A stripe row is made by the first claim that counts on it. How claims and releases keep
+-- it: sql/functions/capacity.sql. fillfactor 20, as capacity_stripes: few rows, updated by
+-- every claim and release (HOT updates).
+CREATE TABLE project_running_stripes (
+    project_id bigint NOT NULL REFERENCES projects (id) ON DELETE CASCADE,
+    stripe_no  smallint NOT NULL CHECK (stripe_no BETWEEN 1 AND 8),
+    running    integer NOT NULL DEFAULT 0 CHECK (running >= 0),
+    PRIMARY KEY (project_id, stripe_no)
 ) WITH (fillfactor = 20);
 
 -- Slots owed: a limit lowered below the slots held is paid back as jobs end. No row while

@@ -27,9 +27,20 @@
 -- the running jobs are below the limit, and capacity comes back one slot at a time as jobs
 -- end beyond it (tests/sql/test_stripes.py).
 --
+-- A project's running count is kept the same way, without a cap (a project's bound is
+-- enforced under its claim lock, below): up to 8 rows in project_running_stripes
+-- (sql/schema.sql), the count their sum (pgd_project_running), read in 8 rows at most however
+-- many jobs run. A claim adds its jobs to a stripe row no other transaction holds, taken SKIP
+-- LOCKED in its backend's order, or, when every row there is held, to its backend's own
+-- stripe, waiting for it (made by the first claim that counts on it); the attempt records
+-- the stripe (attempts.project_stripe) and its release subtracts from that one
+-- (pgd_count_running, pgd_uncount_running). Nothing else writes it, so the count is exactly
+-- the project's jobs in state 'running' in every committed state (tests/faults/consistency.py).
+--
 -- Lock order (docs/design.md, "Lock order"): job -> target -> attempt -> (dependents) ->
 -- project claim lock -> project row (SKIP LOCKED, stamp) -> organization stripes -> pool
--- stripes -> debt rows. Several stripes are always locked by (kind, owner id, stripe
+-- stripes -> debt rows -> project running stripes (always last: a claim or a release that
+-- waits for one holds no lock that anyone waiting for its own rows could hold). Several stripes are always locked by (kind, owner id, stripe
 -- number): 'organization' sorts before 'pool'. A limit change takes the owner's row (config
 -- apply: organizations, then pools, each by id), then all its stripes in order, then its
 -- debt row.
@@ -116,11 +127,11 @@ LANGUAGE sql STABLE AS $$
      WHERE s.kind = 'pool' AND s.owner_id = p_pool_id
 $$;
 
--- Running jobs of a project: its jobs in state 'running' (jobs_active_idx). A running job
--- holds exactly one running attempt, which holds the job's slots, so no counter is kept.
+-- Running jobs of a project: the sum of its running stripes (8 rows at most; the header).
 CREATE OR REPLACE FUNCTION pgd_project_running(p_project_id bigint) RETURNS integer
 LANGUAGE sql STABLE AS $$
-    SELECT count(*)::integer FROM jobs j WHERE j.project_id = p_project_id AND j.state = 'running'
+    SELECT coalesce(sum(s.running), 0)::integer FROM project_running_stripes s
+     WHERE s.project_id = p_project_id
 $$;
 
 -- Free slots of an owner: room on its stripes, which is max(limit - held, 0) in every
@@ -155,6 +166,78 @@ $$;
 CREATE OR REPLACE FUNCTION pgd_stripe_order(p_stripe_no smallint) RETURNS integer
 LANGUAGE sql STABLE AS $$
     SELECT (p_stripe_no + pg_backend_pid()) % pgd_capacity_stripes()
+$$;
+
+-- This backend's own stripe: the first in its order (pgd_stripe_order = 0), 1 to 8.
+CREATE OR REPLACE FUNCTION pgd_own_stripe() RETURNS smallint
+LANGUAGE sql STABLE AS $$
+    SELECT (pgd_capacity_stripes() - pg_backend_pid() % pgd_capacity_stripes())::smallint
+$$;
+
+-- Count p_n more running jobs of project p_project_id (a claim, after its slots): on a
+-- stripe row no other transaction holds, the first in this backend's order (SKIP LOCKED),
+-- else on this backend's own stripe, waiting for it and making it when it is missing.
+-- Returns the stripe, which the claim's attempts record (attempts.project_stripe).
+CREATE OR REPLACE FUNCTION pgd_count_running(p_project_id bigint, p_n integer) RETURNS smallint
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_no smallint;
+BEGIN
+    UPDATE project_running_stripes s SET running = s.running + p_n
+     WHERE (s.project_id, s.stripe_no) = (
+           SELECT f.project_id, f.stripe_no FROM project_running_stripes f
+            WHERE f.project_id = p_project_id
+            ORDER BY pgd_stripe_order(f.stripe_no)
+            LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED)
+    RETURNING s.stripe_no INTO v_no;
+    IF FOUND THEN
+        RETURN v_no;
+    END IF;
+    v_no := pgd_own_stripe();
+    INSERT INTO project_running_stripes AS s (project_id, stripe_no, running)
+    VALUES (p_project_id, v_no, p_n)
+    ON CONFLICT (project_id, stripe_no) DO UPDATE SET running = s.running + EXCLUDED.running;
+    RETURN v_no;
+END;
+$$;
+
+-- Count the jobs p_job_ids as no longer running (their release: pgd_release_slots, last):
+-- each job's latest attempt names the stripe it counts on; the units are summed per stripe,
+-- the rows locked in (project, stripe) order and decremented in one statement. Attempts
+-- without a stripe (ended before the count was kept) count nowhere.
+CREATE OR REPLACE FUNCTION pgd_uncount_running(p_job_ids bigint[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_projects bigint[];
+    v_stripes  smallint[];
+    v_units    integer[];
+BEGIN
+    SELECT array_agg(g.project_id ORDER BY g.project_id, g.stripe_no),
+           array_agg(g.stripe_no ORDER BY g.project_id, g.stripe_no),
+           array_agg(g.n ORDER BY g.project_id, g.stripe_no)
+      INTO v_projects, v_stripes, v_units
+      FROM (SELECT j.project_id, a.project_stripe AS stripe_no, count(*)::integer AS n
+              FROM unnest(p_job_ids) u(job_id)
+              JOIN jobs j ON j.id = u.job_id
+             CROSS JOIN LATERAL (SELECT a.project_stripe FROM attempts a
+                                  WHERE a.job_id = u.job_id
+                                  ORDER BY a.attempt_no DESC LIMIT 1) a
+             WHERE a.project_stripe IS NOT NULL
+             GROUP BY j.project_id, a.project_stripe) g;
+    IF v_projects IS NULL THEN
+        RETURN;
+    END IF;
+    IF cardinality(v_projects) > 1 THEN
+        PERFORM 1 FROM project_running_stripes s
+          JOIN unnest(v_projects, v_stripes) u(project_id, stripe_no)
+            ON (s.project_id, s.stripe_no) = (u.project_id, u.stripe_no)
+         ORDER BY s.project_id, s.stripe_no
+           FOR NO KEY UPDATE OF s;
+    END IF;
+    UPDATE project_running_stripes s SET running = s.running - u.n
+      FROM unnest(v_projects, v_stripes, v_units) u(project_id, stripe_no, n)
+     WHERE (s.project_id, s.stripe_no) = (u.project_id, u.stripe_no);
+END;
 $$;
 
 -- Take up to p_want slots of owner (p_kind, p_owner): stripes with room, SKIP LOCKED, one at
@@ -204,8 +287,8 @@ $$;
 -- an owner that owes (read in a new statement, after the stripe locks: a limit change that
 -- committed meanwhile is seen), up to what it owes of the slots just released are retired:
 -- the caps of those stripes are lowered by as much, and the debt decremented under its row
--- lock. Callers release each attempt once (its transition from 'running', under the job's
--- row lock).
+-- lock. Last, the jobs leave their project's running count (pgd_uncount_running). Callers
+-- release each attempt once (its transition from 'running', under the job's row lock).
 CREATE OR REPLACE FUNCTION pgd_release_slots(p_org_ids bigint[], p_pool_ids bigint[], p_job_ids bigint[])
 RETURNS void
 LANGUAGE plpgsql AS $$
@@ -234,6 +317,7 @@ BEGIN
              WHERE h.stripe_no IS NOT NULL
              GROUP BY h.kind, h.owner_id, h.stripe_no) g;
     IF v_kinds IS NULL THEN
+        PERFORM pgd_uncount_running(p_job_ids);
         RETURN;
     END IF;
     -- the stripes in (kind, owner, stripe) order, the order a limit change takes them in,
@@ -256,6 +340,7 @@ BEGIN
     END IF;
 
     IF NOT EXISTS (SELECT 1 FROM capacity_debts) THEN
+        PERFORM pgd_uncount_running(p_job_ids);
         RETURN;  -- the usual case: nothing owed anywhere
     END IF;
     FOR r IN SELECT d.kind, d.owner_id FROM capacity_debts d
@@ -282,6 +367,7 @@ BEGIN
             UPDATE capacity_debts d SET owed = v_left WHERE d.kind = r.kind AND d.owner_id = r.owner_id;
         END IF;
     END LOOP;
+    PERFORM pgd_uncount_running(p_job_ids);
 END;
 $$;
 

@@ -352,8 +352,10 @@ LANGUAGE sql STABLE AS $$
       JOIN projects p ON p.id = pp.project_id
       JOIN organizations o ON o.id = p.organization_id
       JOIN pools q ON q.id = pp.pool_id
-     CROSS JOIN LATERAL (SELECT count(*)::integer AS running FROM jobs j
-                          WHERE j.project_id = p.id AND j.state = 'running') r
+     -- the project's running count (pgd_project_running, written out: a SQL function with a
+     -- FROM is not inlined and ran as a query of its own per candidate, docs/fairness.md)
+     CROSS JOIN LATERAL (SELECT coalesce(sum(s.running), 0)::integer AS running
+                           FROM project_running_stripes s WHERE s.project_id = p.id) r
      WHERE pp.pool_id = ANY (p_pool_ids)
        AND p.paused_at IS NULL
        AND q.paused_at IS NULL
@@ -383,9 +385,9 @@ $$;
 
 -- Whether a fresh read of this organization's candidates puts another project ahead of
 -- p_project, whose running count is p_running, in pgd_claim_candidates' order, with running
--- counts read from the jobs (inline, as there). The caller holds p_project's exclusive claim
--- lock, so that the claims of p_project queued ahead of it have committed when it reads the
--- shares.
+-- counts read as there (the project's running stripes, inline). The caller holds
+-- p_project's exclusive claim lock, so that the claims of p_project queued ahead of it have
+-- committed when it reads the shares.
 CREATE OR REPLACE FUNCTION pgd_fairer_candidate_exists(p_pool_ids bigint[], p_org_id bigint, p_project projects,
                                                        p_running integer)
 RETURNS boolean
@@ -394,8 +396,8 @@ LANGUAGE sql STABLE AS $$
         SELECT 1
           FROM pgd_claim_candidates(p_pool_ids, p_org_id) f
           JOIN projects p ON p.id = f.project_id
-         CROSS JOIN LATERAL (SELECT count(*)::integer AS running FROM jobs j
-                              WHERE j.project_id = p.id AND j.state = 'running') r
+         CROSS JOIN LATERAL (SELECT coalesce(sum(s.running), 0)::integer AS running
+                               FROM project_running_stripes s WHERE s.project_id = p.id) r
          WHERE p.id <> p_project.id
            AND (r.running::float8 / p.weight < p_running::float8 / p_project.weight
                 OR (r.running::float8 / p.weight = p_running::float8 / p_project.weight
@@ -465,6 +467,7 @@ DECLARE
     v_racing  integer;
     v_org_stripe  smallint;
     v_pool_stripe smallint;
+    v_proj_stripe smallint;
 BEGIN
     PERFORM pgd_require_runner_grant(p_runner_id, p_pool_ids);
     -- the runner claim lock, shared, then the runner row in a new statement (above)
@@ -556,6 +559,8 @@ BEGIN
             -- the pool's pause, re-read in a new statement now that a pool stripe is held
             -- (pgd_pool_is_paused says why that is safe)
             IF pgd_pool_is_paused(c.pool_id) THEN RAISE EXCEPTION USING ERRCODE = 'PDSKP'; END IF;
+            -- the project's running count, last (sql/functions/capacity.sql)
+            v_proj_stripe := pgd_count_running(c.project_id, 1);
 
             UPDATE jobs j
                SET state = 'running', generation = j.generation + 1,
@@ -570,10 +575,10 @@ BEGIN
             v_lease := v_claimed + make_interval(secs => p_lease_seconds);
             INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
                                   claimed_at, lease_expires_at, last_heartbeat_at,
-                                  organization_stripe, pool_stripe, ready_at)
+                                  organization_stripe, pool_stripe, project_stripe, ready_at)
             VALUES (v_job.id, v_job.attempts_made, v_job.generation, p_runner_id, p_claim_token,
                     'running', v_claimed, v_lease, now(), v_org_stripe, v_pool_stripe,
-                    v_job.ready_at)
+                    v_proj_stripe, v_job.ready_at)
             RETURNING id INTO v_attempt;
             -- the claim token lock and the tombstone check: last, held only until the commit
             PERFORM pgd_check_tombstones(ARRAY[p_claim_token]);
@@ -630,6 +635,7 @@ DECLARE
     v_claimed timestamptz;
     v_lease   timestamptz;
     v_more    boolean;
+    v_proj_stripe smallint;
 BEGIN
     IF v_want < 1 OR v_want > 1000 THEN
         RAISE EXCEPTION 'a batch claims 1 to 1000 jobs, got %', v_want USING ERRCODE = 'PD422';
@@ -710,6 +716,8 @@ BEGIN
             v_ids := v_ids[1:v_n];
             PERFORM pgd_hold_slots('organization', c.org_id, v_org_units);
             PERFORM pgd_hold_slots('pool', c.pool_id, v_pool_units);
+            -- the project's running count, last (sql/functions/capacity.sql)
+            v_proj_stripe := pgd_count_running(c.project_id, v_n);
 
             UPDATE projects p SET last_claimed_at = clock_timestamp()
              WHERE p.id = (SELECT x.id FROM projects x WHERE x.id = v_proj.id
@@ -732,10 +740,10 @@ BEGIN
             ), inserted AS (
                 INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token,
                                       state, claimed_at, lease_expires_at, last_heartbeat_at,
-                                      organization_stripe, pool_stripe, ready_at)
+                                      organization_stripe, pool_stripe, project_stripe, ready_at)
                 SELECT n.id, n.attempts_made, n.generation, p_runner_id, p_claim_tokens[n.n],
                        'running', v_claimed, v_lease, now(), v_org_units[n.n], v_pool_units[n.n],
-                       n.ready_at
+                       v_proj_stripe, n.ready_at
                   FROM numbered n
                 RETURNING attempts.id, attempts.job_id, attempts.claim_token
             )

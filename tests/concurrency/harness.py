@@ -305,7 +305,8 @@ def attempt_shapes(conn) -> list[dict[str, Any]]:
 # completion gives the slots back. Same result columns as pgd_claim.
 # Its reservation: an organization slot and a pool slot for v_job whatever the limit (cap
 # raised to held + 1 where the stripe is full). PL/pgSQL; needs v_org and v_job in scope,
-# and sets v_org_stripe and v_pool_stripe (smallint) for the attempt to record.
+# and sets v_org_stripe, v_pool_stripe and v_proj_stripe (smallint) for the attempt to record
+# (the project's running count taken as pgd_claim takes it: pgd_count_running).
 UNCONDITIONAL_SLOTS_SQL = """
         UPDATE capacity_stripes s SET held = s.held + 1, cap = greatest(s.cap, s.held + 1)
          WHERE (s.kind, s.owner_id, s.stripe_no) = (
@@ -331,6 +332,7 @@ UNCONDITIONAL_SLOTS_SQL = """
              WHERE s.kind = 'pool' AND s.owner_id = v_job.pool_id AND s.stripe_no = 1
             RETURNING s.stripe_no INTO v_pool_stripe;
         END IF;
+        v_proj_stripe := pgd_count_running(v_job.project_id, 1);
 """
 
 
@@ -351,6 +353,7 @@ DECLARE
     v_lease   timestamptz;
     v_org_stripe  smallint;
     v_pool_stripe smallint;
+    v_proj_stripe smallint;
 BEGIN
     SELECT j.* INTO v_job
       FROM jobs j
@@ -400,9 +403,10 @@ BEGIN
         v_lease := clock_timestamp() + make_interval(secs => p_lease_seconds);
         INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
                               claimed_at, lease_expires_at, last_heartbeat_at,
-                              organization_stripe, pool_stripe)
+                              organization_stripe, pool_stripe, project_stripe)
         VALUES (v_job.id, v_job.attempts_made, v_job.generation, p_runner_id, p_claim_token,
-                'running', clock_timestamp(), v_lease, now(), v_org_stripe, v_pool_stripe)
+                'running', clock_timestamp(), v_lease, now(), v_org_stripe, v_pool_stripe,
+                v_proj_stripe)
         RETURNING id INTO v_attempt;
         RETURN QUERY SELECT v_job.id, v_attempt, v_job.attempts_made, v_job.generation, v_lease,
                             v_job.project_id, v_job.pool_id, v_job.target_id, v_job.command,
@@ -470,7 +474,7 @@ BEGIN
            finished_at = now(), error = 'lease expired'
      WHERE id = c.attempt_id;
     PERFORM pgd_release_slots(ARRAY[c.org_id], ARRAY[c.pool_id], ARRAY[c.job_id]);
-    UPDATE attempts SET organization_stripe = NULL, pool_stripe = NULL
+    UPDATE attempts SET organization_stripe = NULL, pool_stripe = NULL, project_stripe = NULL
      WHERE id = (SELECT a.id FROM attempts a WHERE a.job_id = c.job_id
                   ORDER BY a.attempt_no DESC LIMIT 1);
     RETURN jsonb_build_object('attempt_id', c.attempt_id, 'job_id', c.job_id,

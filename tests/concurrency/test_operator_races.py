@@ -338,7 +338,7 @@ BEGIN
     UPDATE jobs SET state = 'succeeded', finished_at = now() WHERE id = v.job_id;
     UPDATE attempts SET state = 'succeeded', finished_at = now(), exit_code = 0 WHERE id = p_attempt_id;
     PERFORM pgd_release_slots(ARRAY[v.org_id], ARRAY[v.pool_id], ARRAY[v.job_id]);
-    UPDATE attempts SET organization_stripe = NULL, pool_stripe = NULL
+    UPDATE attempts SET organization_stripe = NULL, pool_stripe = NULL, project_stripe = NULL
      WHERE id = (SELECT a.id FROM attempts a WHERE a.job_id = v.job_id
                   ORDER BY a.attempt_no DESC LIMIT 1);
     v_response := jsonb_build_object('status', 'recorded', 'job_id', v.job_id, 'attempt_id', p_attempt_id,
@@ -359,8 +359,9 @@ def test_harness_catches_a_completion_that_checks_its_receipt_too_early(world, d
     is answered "recorded", where the second must be answered as a repeat. The first
     release gives the slots back and takes the stripes off the attempt (as slot rows freed
     by job id were left naming no job, before the stripes), and the project counts its
-    running jobs (pgd_project_running; before, a counter was decremented twice), so the second
-    release finds nothing left to give back and the capacity stays right."""
+    running count (on the stripe the attempt recorded, taken off it too; before the stripes, a
+    counter was decremented twice), so the second release finds nothing left to give back and
+    the capacity stays right."""
     world.setup()
     runner = world.runner()
     world.conn.execute(BROKEN_COMPLETE_SQL)

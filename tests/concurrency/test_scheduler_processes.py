@@ -144,6 +144,7 @@ DECLARE
     v_attempt bigint;
     v_org_stripe  smallint;
     v_pool_stripe smallint;
+    v_proj_stripe smallint;
 BEGIN
     -- BROKEN: the job is read without a lock and the next generation computed from that read
     SELECT * INTO v_job FROM jobs WHERE id = p_job_id AND state = 'queued';
@@ -152,7 +153,8 @@ BEGIN
     END IF;
     SELECT organization_id INTO v_org FROM projects WHERE id = v_job.project_id;
     PERFORM pg_sleep(p_sleep_seconds);
-    -- then the lock order: job, organization stripe, pool stripe; the capacity is taken as
+    -- then the lock order: job, organization stripe, pool stripe, project running stripe; the
+    -- capacity and the count are taken as
     -- pgd_claim takes it (a slot from a stripe with room, SKIP LOCKED; the attempt records
     -- the stripes), not what this copy gets wrong
     UPDATE jobs SET state = 'running', generation = v_job.generation + 1,
@@ -170,11 +172,13 @@ BEGIN
             WHERE f.kind = 'pool' AND f.owner_id = v_job.pool_id AND f.held < f.cap
             ORDER BY pgd_stripe_order(f.stripe_no) LIMIT 1 FOR NO KEY UPDATE OF f SKIP LOCKED)
     RETURNING s.stripe_no INTO v_pool_stripe;
+    v_proj_stripe := pgd_count_running(v_job.project_id, 1);
     INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
-                          claimed_at, lease_expires_at, organization_stripe, pool_stripe)
+                          claimed_at, lease_expires_at, organization_stripe, pool_stripe,
+                          project_stripe)
     VALUES (p_job_id, v_job.attempts_made + 1, v_job.generation + 1, p_runner_id,
             gen_random_uuid(), 'running', clock_timestamp(), clock_timestamp() + interval '30 s',
-            v_org_stripe, v_pool_stripe)
+            v_org_stripe, v_pool_stripe, v_proj_stripe)
     RETURNING id INTO v_attempt;
     RETURN v_attempt;
 END;

@@ -137,6 +137,7 @@ DECLARE
     v_lease   timestamptz;
     v_org_stripe  smallint;
     v_pool_stripe smallint;
+    v_proj_stripe smallint;
 BEGIN
     SELECT * INTO v_runner FROM runners r WHERE r.id = p_runner_id;
     IF NOT FOUND OR v_runner.draining OR v_runner.stopped_at IS NOT NULL THEN
@@ -193,9 +194,10 @@ BEGIN
         v_lease := clock_timestamp() + make_interval(secs => p_lease_seconds);
         INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state,
                               claimed_at, lease_expires_at, last_heartbeat_at,
-                              organization_stripe, pool_stripe)
+                              organization_stripe, pool_stripe, project_stripe)
         VALUES (v_job.id, v_job.attempts_made, v_job.generation, p_runner_id, p_claim_token,
-                'running', clock_timestamp(), v_lease, now(), v_org_stripe, v_pool_stripe)
+                'running', clock_timestamp(), v_lease, now(), v_org_stripe, v_pool_stripe,
+                v_proj_stripe)
         RETURNING id INTO v_attempt;
         RETURN QUERY SELECT v_job.id, v_attempt, v_job.attempts_made, v_job.generation, v_lease,
                             v_job.project_id, v_job.pool_id, v_job.target_id, v_job.command,

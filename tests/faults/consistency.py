@@ -9,7 +9,8 @@ line for each fact that does not hold:
 * every running attempt holds one slot of its job's organization and one of its pool: it
   records a stripe of each (``attempts.organization_stripe``, ``pool_stripe``) that exists;
   and each stripe's held count is the number of running attempts recording it, so no slot
-  is held without a running attempt behind it;
+  is held without a running attempt behind it; likewise each project running stripe counts
+  the running attempts that record it (``attempts.project_stripe``);
 * the stripes themselves (sql/functions/capacity.sql): every organization and pool has exactly
   ``pgd_capacity_stripes()`` (8) of them, each holding between 0 and its cap; the caps minus
   what is owed (``capacity_debts``, a row only while something is) equal the limit; while
@@ -38,7 +39,8 @@ from typing import Any
 VIOLATIONS_SQL = """
 WITH live AS (
     SELECT a.id AS attempt_id, a.job_id, a.generation, p.organization_id AS org_id,
-           j.project_id, j.pool_id, a.organization_stripe AS org_stripe, a.pool_stripe
+           j.project_id, j.pool_id, a.organization_stripe AS org_stripe, a.pool_stripe,
+           a.project_stripe
       FROM attempts a JOIN jobs j ON j.id = a.job_id JOIN projects p ON p.id = j.project_id
      WHERE a.state = 'running'
 ), per_job AS (
@@ -94,6 +96,14 @@ SELECT format('%s %s: stripe %s holds %s slots, running attempts on it %s',
   FROM capacity_stripes s JOIN owners o ON (o.kind, o.id) = (s.kind, s.owner_id)
   LEFT JOIN behind b ON (b.kind, b.owner_id, b.stripe_no) = (s.kind, s.owner_id, s.stripe_no)
  WHERE s.held <> coalesce(b.n, 0)
+UNION ALL
+SELECT format('project %s: running stripe %s counts %s, running attempts on it %s', p.name,
+              coalesce(s.stripe_no, c.project_stripe), coalesce(s.running, 0), coalesce(c.n, 0))
+  FROM project_running_stripes s
+  FULL JOIN (SELECT live.project_id, live.project_stripe, count(*) AS n FROM live
+              GROUP BY 1, 2) c ON (c.project_id, c.project_stripe) = (s.project_id, s.stripe_no)
+  JOIN projects p ON p.id = coalesce(s.project_id, c.project_id)
+ WHERE coalesce(s.running, 0) <> coalesce(c.n, 0)
 UNION ALL
 SELECT format('%s %s: stripe %s holds %s slots of its cap %s', s.kind, o.name, s.stripe_no,
               s.held, s.cap)
@@ -178,11 +188,14 @@ def snapshot(conn) -> dict[str, Any]:
         "stripes": rows("SELECT kind, owner_id, stripe_no, cap, held FROM capacity_stripes "
                         "ORDER BY kind, owner_id, stripe_no"),
         "debts": rows("SELECT kind, owner_id, owed FROM capacity_debts ORDER BY kind, owner_id"),
+        "project_stripes": rows("SELECT project_id, stripe_no, running FROM project_running_stripes "
+                                "ORDER BY project_id, stripe_no"),
         "targets": rows("SELECT id, state, holder_job_id, held_since FROM targets ORDER BY id"),
         "jobs": rows("SELECT id, state, generation, attempts_made, failures, ready_at, "
                      "finished_at, last_error, pending_dependencies FROM jobs ORDER BY id"),
         "attempts": rows("SELECT id, job_id, generation, state, lease_expires_at, finished_at, "
-                         "exit_code, organization_stripe, pool_stripe FROM attempts ORDER BY id"),
+                         "exit_code, organization_stripe, pool_stripe, project_stripe "
+                         "FROM attempts ORDER BY id"),
         "receipts": rows("SELECT key, attempt_id, outcome FROM delivery_receipts ORDER BY key"),
     }
 

@@ -319,8 +319,9 @@ def claim_in_two_steps(conn, *, job_id: int, runner_id: int) -> None:
     """A deliberately broken claim: capacity and the job taken in autocommit statements
     (each committed on its own), the attempt inserted afterwards. The reservations are
     pgd_claim's (sql/functions/claim.sql), in its order: a slot of the organization and one of
-    the pool, each from a stripe with room taken SKIP LOCKED and added to its held count; the
-    attempt would record both stripes."""
+    the pool, each from a stripe with room taken SKIP LOCKED and added to its held count, then
+    the project's running count (pgd_count_running); the attempt would record the three
+    stripes."""
     ids = conn.execute("""SELECT j.project_id, j.pool_id, p.organization_id AS org_id
                             FROM jobs j JOIN projects p ON p.id = j.project_id
                            WHERE j.id = %s""", (job_id,)).fetchone()
@@ -336,15 +337,17 @@ def claim_in_two_steps(conn, *, job_id: int, runner_id: int) -> None:
             RETURNING s.stripe_no""", {"kind": kind, "owner": owner}).fetchone()
         assert row is not None, f"no {kind} stripe with room"
         taken[kind] = row["stripe_no"]
+    taken["project"] = conn.execute("SELECT pgd_count_running(%s, 1) AS s",
+                                    (ids["project_id"],)).fetchone()["s"]
     conn.execute("UPDATE jobs SET state = 'running', generation = generation + 1, "
                  "attempts_made = attempts_made + 1 WHERE id = %s", (job_id,))
     conn.execute("""INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token,
                                           state, claimed_at, lease_expires_at,
-                                          organization_stripe, pool_stripe)
+                                          organization_stripe, pool_stripe, project_stripe)
                     SELECT id, attempts_made, generation, %s, gen_random_uuid(), 'running',
-                           clock_timestamp(), clock_timestamp() + interval '30 seconds', %s, %s
+                           clock_timestamp(), clock_timestamp() + interval '30 seconds', %s, %s, %s
                       FROM jobs WHERE id = %s""",
-                 (runner_id, taken["organization"], taken["pool"], job_id))
+                 (runner_id, taken["organization"], taken["pool"], taken["project"], job_id))
 
 
 def test_checker_catches_a_claim_split_over_autocommit_statements(world, db_url):
@@ -369,10 +372,12 @@ def test_checker_catches_a_claim_split_over_autocommit_statements(world, db_url)
     assert "pool linux: held slots 1, running attempts 0" in found
     assert "organization acme: stripe 1 holds 1 slots, running attempts on it 0" in found
     assert "pool linux: stripe 1 holds 1 slots, running attempts on it 0" in found
+    assert any(f.startswith("project web: running stripe ") and f.endswith(" counts 1, running attempts on it 0")
+               for f in found), found
     assert f"job {job_id} is running without a running attempt of generation 1" in found
     assert (f"job {job_id}: attempts_made 1, generation 1, but 0 attempts up to generation 0"
             in found)
-    assert len(found) == 7, found
+    assert len(found) == 8, found
 
 
 # the CHECK (owed > 0) of capacity_debts, dropped to write a debt of nothing

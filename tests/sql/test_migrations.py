@@ -170,7 +170,8 @@ def test_a_running_attempt_holds_one_slot_of_its_organization_and_one_of_its_poo
     types = {r["column_name"]: r["data_type"] for r in world.conn.execute(
         "SELECT column_name, data_type FROM information_schema.columns "
         "WHERE table_name = 'attempts' AND column_name LIKE '%%_stripe'")}
-    assert types == {"organization_stripe": "smallint", "pool_stripe": "smallint"}
+    assert types == {"organization_stripe": "smallint", "pool_stripe": "smallint",
+                     "project_stripe": "smallint"}
     world.setup(org_limit=3, pool_slots=3)
     runner = world.runner()
     world.job()
@@ -363,3 +364,54 @@ def test_the_check_catches_an_upgrade_without_locks(server_url, drop_databases):
     assert any(kind == "error" for kind, _ in outcomes), outcomes
     with pytest.raises(AssertionError):
         check_applied_once(url, outcomes)
+
+
+def project_counts(conn) -> dict[str, tuple[int, int]]:
+    """Per project: (pgd_project_running, its jobs in state running)."""
+    return {r["name"]: (r["counted"], r["running"]) for r in conn.execute(
+        "SELECT p.name, pgd_project_running(p.id) AS counted, "
+        "       (SELECT count(*) FROM jobs j WHERE j.project_id = p.id AND j.state = 'running') AS running "
+        "  FROM projects p ORDER BY p.name")}
+
+
+def test_0017_counts_the_jobs_running_when_it_runs(world):
+    """0017_project_running_stripes on a database with running jobs and no count kept yet
+    (the state before it: its table and column dropped again) counts each project's running
+    jobs on stripe 1 and gives their attempts that stripe, so their completions bring every
+    count back to 0; a claim after it counts on."""
+    world.setup(org_limit=10, pool_slots=10)
+    world.project("api", org="acme", pools=("linux",))
+    runner = world.runner(slots=10)
+    for project in ("web", "web", "api"):
+        world.job(project=project)
+    claims = [world.claim(runner) for _ in range(3)]
+    assert all(claims)
+    world.conn.execute("DROP TABLE project_running_stripes")
+    world.conn.execute("ALTER TABLE attempts DROP COLUMN project_stripe")
+    text = (migrate.MIGRATIONS_DIR / "0017_project_running_stripes.sql").read_text()
+    world.conn.execute(text)
+    assert project_counts(world.conn) == {"api": (1, 1), "web": (2, 2)}
+    assert world.conn.execute("SELECT count(*) AS n FROM attempts WHERE state = 'running' "
+                              "AND project_stripe = 1").fetchone()["n"] == 3
+    world.job(project="api")
+    claims.append(world.claim(runner))
+    assert project_counts(world.conn) == {"api": (2, 2), "web": (2, 2)}
+    for c in claims:
+        world.complete(c)
+    assert project_counts(world.conn) == {"api": (0, 0), "web": (0, 0)}
+
+
+def test_a_project_count_never_goes_below_zero_on_a_stripe(world):
+    """A stripe's count is what its own attempts added (a release subtracts from the stripe
+    its attempt recorded), so it is never negative: the CHECK refuses it."""
+    world.setup()
+    runner = world.runner()
+    world.job()
+    c = world.claim(runner)
+    row = world.conn.execute("SELECT project_stripe AS s FROM attempts WHERE id = %s",
+                             (c.attempt_id,)).fetchone()
+    assert row["s"] is not None and 1 <= row["s"] <= 8
+    assert sqlstate_of(world.conn, "UPDATE project_running_stripes SET running = running - 2 "
+                                   "WHERE stripe_no = %s", (row["s"],)) == "23514"
+    world.complete(c)
+    assert project_counts(world.conn) == {"web": (0, 0)}

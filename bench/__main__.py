@@ -24,6 +24,9 @@ BENCHMARKS = {
     "claim-wal": "bench.claim_wal",
     # the job search at a large history, its index size, its WAL per submit
     "search": "bench.search",
+    # dispatch latency, throughput of real commands and CPU per long job, through the real
+    # scheduler process
+    "e2e": "bench.e2e",
     # every benchmark above once, at sizes that take seconds (make bench-smoke, make test)
     "smoke": "bench.smoke",
 }

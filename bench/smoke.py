@@ -71,6 +71,14 @@ def runs(out: Path) -> list[tuple[str, list[str], list[Path]]]:
                        "--out", str(out / "claim-wal.json")], [out / "claim-wal.json"]),
         ("search", ["--jobs", "3000", "--runs", "2", "--submits", "20", "--repeats", "1",
                     "--out", str(out / "search.json")], [out / "search.json"]),
+        # the real scheduler: one round of every way after the warm-up, a short idle cap and
+        # heartbeat so that the poll-bound ways and the cancel take about a second
+        ("e2e", ["--samples", "1", "--gap-seconds", "0.01,0.02", "--load-job-seconds", "0.2",
+                 "--throughput-jobs", "20", "--repeats", "1", "--stats-wait-seconds", "0",
+                 "--long-jobs", "3", "--long-seconds", "120", "--settle-seconds", "0.2",
+                 "--window-seconds", "0.5", "--sample-timeout-seconds", "30",
+                 "--set", "PGDISPATCH_CLAIM_IDLE_CAP_SECONDS=1", "--set", "PGDISPATCH_HEARTBEAT_SECONDS=1",
+                 "--out", str(out / "e2e.json")], [out / "e2e.json"]),
         # one of each kind of series, the smallest and the largest batch of each sweep (the
         # sizes between run the same code)
         ("all", ["--series", ",".join(SMOKE_SERIES),

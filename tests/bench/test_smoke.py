@@ -29,13 +29,25 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     summary = json.loads((tmp_path / "smoke.json").read_text())
     assert [o for o in summary["outcomes"] if "error" in o] == [], output
     assert {o["benchmark"] for o in summary["outcomes"]} >= {"fairness", "notify", "costs",
-                                                               "running", "all", "report"}
+                                                               "running", "e2e", "all", "report"}
     # a series may be left out only for a peer that is not installed
     unavailable = summary["unavailable"]
     assert all(s.startswith(PEERS) for s in unavailable), unavailable
     assert all("cannot be imported" in why for why in unavailable.values()), unavailable
     assert {"pgdispatch", "pgdispatch-bound", "pgdispatch-batch10", "pgdispatch-batch200",
             "raw-claim", "raw-claim-batch200", "tpcb"} <= set(summary["series"])
+    # the end-to-end run through the real scheduler gives every part's figures
+    e2e = json.loads((tmp_path / "e2e.json").read_text())
+    assert e2e["errors"] == {}, e2e["errors"]
+    assert set(e2e["latency"]["summary"]["idle"]) == {
+        "submit", "dependency", "approval", "resume_project", "resume_pool", "slot_freed",
+        "runner_full"}
+    assert set(e2e["latency"]["summary"]["load"]) == set(e2e["latency"]["summary"]["idle"]) - {"runner_full"}
+    assert all({"p50_ms", "p95_ms", "p99_ms"} <= set(s) for by in e2e["latency"]["summary"].values()
+               for s in by.values())
+    assert {"scheduler", "posix_spawn", "popen"} == set(e2e["throughput"]["median_jobs_per_s"])
+    assert "ratio_to_ceiling" in e2e["throughput"]
+    assert e2e["cpu"]["percent_of_one_core"] >= 0 and e2e["cpu"]["left_behind"] == 0
     # the best-against-best comparison names the series and N it took for pgdispatch
     run = json.loads((tmp_path / "all.json").read_text())
     best = run["comparisons"]["best"]["pgdispatch"]

@@ -71,13 +71,16 @@ class Claimer:
             request that granted its lease was sent.
         is_draining: when true, nothing more is claimed.
         max_batch: most builds claimed in one transaction (1: one claim per transaction).
+        is_running: whether this scheduler runs a job now (then a claim that finds nothing
+            asks whether work waits for capacity its jobs may free: ``capacity_waiting``).
     Raises:
         InvalidInput: ``max_batch`` outside 1..1000.
     """
 
     def __init__(self, pool, settings: Settings, *, runner_id: int, pool_ids: list[int],
                  free_slots: Callable[[], int], launch: Callable[[Claim, float], None],
-                 is_draining: Callable[[], bool], max_batch: int = DEFAULT_MAX_BATCH):
+                 is_draining: Callable[[], bool], max_batch: int = DEFAULT_MAX_BATCH,
+                 is_running: Callable[[], bool] = lambda: False):
         self.pool = pool
         self.settings = settings
         self.runner_id = runner_id
@@ -85,6 +88,7 @@ class Claimer:
         self.free_slots = free_slots
         self.launch = launch
         self.is_draining = is_draining
+        self.is_running = is_running
         self.max_batch = check_max_batch(max_batch)
         self._lock = threading.Lock()
         self._again = False
@@ -99,6 +103,7 @@ class Claimer:
         self.polls_skipped = 0    # ticks that made no transaction (for tests and metrics)
         self.claims_sent = 0      # pgd_claim calls sent
         self.batches_sent = 0     # pgd_claim_batch calls sent
+        self.capacity_asks = 0    # pgd_capacity_waiting calls sent
         # the tokens of each claim whose answer was lost, one list per claim (a batch's in
         # the order sent): what one recovery settles (transitions.recover_claims)
         self._pending: list[list[str]] = []
@@ -138,8 +143,11 @@ class Claimer:
         with self._state:
             return min(self._cap, self._interval * 2 ** self._idle_rounds)
 
-    def _after_round(self, *, asked: bool, found: bool, more: bool, wakeups: int) -> None:
-        """Book-keeping at the end of a round: the backoff and the last answer."""
+    def _after_round(self, *, asked: bool, found: bool, more: bool, wakeups: int,
+                     held_back: bool = False) -> None:
+        """Book-keeping at the end of a round: the backoff and the last answer (``held_back``:
+        work waits for capacity this scheduler's jobs hold, so a completion claims at once,
+        while the polls back off as for an empty round)."""
         with self._state:
             if self._wakeups != wakeups:
                 return  # a wake-up came during the round: it decides (fast, work waiting)
@@ -158,7 +166,7 @@ class Claimer:
                 # polls skipped before the next: the wait is ticks * interval <= step <= cap
                 self._ticks_to_skip = random.randint(max(1, (most + 1) // 2), most) - 1
             if asked:
-                self._work_waiting = more
+                self._work_waiting = more or held_back
 
     def fill(self) -> int:
         """Claim until the slots are full, nothing is eligible, or draining; returns how many
@@ -193,13 +201,17 @@ class Claimer:
         if self.max_batch > 1:
             batches_left = 2 * math.ceil(max(self.free_slots(), 1) / self.max_batch)
         may_batch = batches_left > 0
-        asked, more = False, True
+        asked, more, held_back = False, True, False
         while more and not self.is_draining() and self.free_slots() > 0:
             asked = True
             claims = self._claim([transitions.new_claim_token()])
             if not claims:
                 more = False
-                break  # nothing eligible at all
+                # nothing eligible; when this scheduler runs jobs, what waits may wait for the
+                # capacity they hold (a project bound, a full pool): then their completion
+                # claims at once (is_work_waiting) rather than leave it to the poll
+                held_back = self.is_running() and self._capacity_waiting()
+                break
             launched += len(claims)
             more = claims[-1].more_waiting  # false: the round ends here (a lone job)
             while more and may_batch and batches_left > 0 and not self.is_draining():
@@ -215,8 +227,20 @@ class Claimer:
                 more = claims[-1].more_waiting
                 if len(claims) < want:
                     break  # that (project, pool) ran dry or hit a limit: the fair pick again
-        self._after_round(asked=asked, found=launched > 0, more=more, wakeups=wakeups)
+        self._after_round(asked=asked, found=launched > 0, more=more, wakeups=wakeups,
+                          held_back=held_back)
         return launched
+
+    def _capacity_waiting(self) -> bool:
+        """transitions.capacity_waiting for this runner; False when the database cannot say
+        (the poll finds it then)."""
+        self.capacity_asks += 1
+        try:
+            with checkout(self.pool) as conn:
+                return transitions.capacity_waiting(conn, runner_id=self.runner_id,
+                                                    pools=self.pool_ids)
+        except DatabaseUnavailable:
+            return False
 
     def _claim(self, tokens: list[str]) -> list[Claim]:
         """One claim transaction: ``claim`` for one token, ``claim_batch`` for more; launches

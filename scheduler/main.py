@@ -182,7 +182,8 @@ class Scheduler:
         self._reporter = CompletionReporter(self._db, s, max_batch=self.max_batch)
         self._claimer = Claimer(self._db, s, runner_id=self.runner_id, pool_ids=self.pool_ids,
                                 free_slots=self.free_slots, launch=self._launch,
-                                is_draining=self.is_claiming_stopped, max_batch=self.max_batch)
+                                is_draining=self.is_claiming_stopped, max_batch=self.max_batch,
+                                is_running=lambda: self.free_slots() < self.slots)
         aps = BackgroundScheduler(
             timezone=dt.timezone.utc, executors={"default": ThreadPoolExecutor(max_workers=8)},
             job_defaults={"coalesce": True, "misfire_grace_time": None})

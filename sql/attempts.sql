@@ -2,6 +2,10 @@
 -- Take the next eligible job (SKIP LOCKED) and reserve its capacity in lock order; see pgd_claim (sql/functions/claim.sql).
 SELECT * FROM pgd_claim(:runner_id, CAST(:pool_ids AS bigint[]), CAST(:claim_token AS uuid), :lease_seconds);
 
+-- name: capacity_waiting$
+-- Whether work for the runner waits for capacity that running jobs hold; see pgd_capacity_waiting.
+SELECT pgd_capacity_waiting(:runner_id, CAST(:pool_ids AS bigint[]));
+
 -- name: recover_claims
 -- After a lost answer: tombstone one claim's tokens, wait out a claim about to commit, return what committed; see pgd_recover_claims.
 SELECT * FROM pgd_recover_claims(CAST(:claim_tokens AS uuid[]), :runner_id);

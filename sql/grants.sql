@@ -31,6 +31,9 @@ GRANT EXECUTE ON FUNCTION pgd_run_summaries, pgd_expiry_done, pgd_run_cleanup,
 GRANT EXECUTE ON FUNCTION pgd_listen_runner TO pgdispatch_scheduler;
 -- an operator's drain of the runner, read with each beat (sql/functions/runners.sql)
 GRANT EXECUTE ON FUNCTION pgd_runner_drain TO pgdispatch_scheduler;
+-- after an empty claim while it runs jobs: does work wait for capacity it may free?
+-- (sql/functions/claim.sql)
+GRANT EXECUTE ON FUNCTION pgd_capacity_waiting TO pgdispatch_scheduler;
 
 -- Reader (dashboards, metrics; and the base of a person's CLI login): what the console
 -- shows, never a secret: users without password_hash, api_tokens without token_hash.

@@ -194,6 +194,20 @@ def recover_claims(conn, *, claim_tokens: Sequence[str], runner_id: int) -> list
     return [(_claim_from(r, r["claim_token"]), r["state"]) for r in rows]
 
 
+@transition("capacity_waiting", one_statement=True)
+def capacity_waiting(conn, *, runner_id: int, pools: Sequence[int]) -> bool:
+    """Whether work for ``runner_id`` in ``pools`` (pool ids) waits for capacity that running
+    jobs hold: a queued, ready job whose project is at its bound, or whose organization or
+    pool has no free slot (pgd_capacity_waiting, sql/functions/claim.sql). A scheduler asks
+    after a claim found nothing while it runs jobs: a completion of one of them then claims at
+    once. A hint: true may be followed by one empty claim.
+
+    Raises:
+        NotFound: unknown runner. Forbidden: the runner is another login's.
+    """
+    return bool(Q.capacity_waiting(conn, runner_id=runner_id, pool_ids=list(pools)))
+
+
 @transition("heartbeat")
 def heartbeat(conn, *, attempt_id: int, generation: int, lease_seconds: float,
               output_tail: str | None = None) -> Lease:

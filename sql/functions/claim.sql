@@ -430,6 +430,39 @@ LANGUAGE sql STABLE AS $$
                     LIMIT 1 OFFSET 0)
 $$;
 
+-- Whether work for runner p_runner_id in p_pool_ids waits for capacity that running jobs
+-- hold: a queued, ready job whose project (not paused) is at its bound, or whose
+-- organization or pool has no free slot. A scheduler asks after a claim found nothing while
+-- it runs jobs of its own (scheduler/claiming.py): when true, the completion of one of its
+-- jobs claims at once instead of waiting for the poll (a completion does not NOTIFY, and the
+-- job freed by it would otherwise wait up to the idle cap: bench/e2e.py, "project bound
+-- freed"). A hint, as pgd_more_waiting: true may end in one empty claim. Only the runner's
+-- own login (or an unbound one) may ask, and only of the runner's pools.
+CREATE OR REPLACE FUNCTION pgd_capacity_waiting(p_runner_id bigint, p_pool_ids bigint[])
+RETURNS boolean
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = public, pg_temp AS $$
+DECLARE
+    v_runner runners;
+BEGIN
+    v_runner := pgd_require_runner_login(p_runner_id);
+    RETURN EXISTS (
+        SELECT 1
+          FROM project_pools pp
+          JOIN projects p ON p.id = pp.project_id
+         WHERE pp.pool_id = ANY (p_pool_ids) AND pp.pool_id = ANY (v_runner.pool_ids)
+           AND p.paused_at IS NULL
+           AND ((p.max_running IS NOT NULL
+                 AND (SELECT coalesce(sum(s.running), 0) FROM project_running_stripes s
+                       WHERE s.project_id = p.id) >= p.max_running)
+                OR pgd_free_slots('organization', p.organization_id) < 1
+                OR pgd_free_slots('pool', pp.pool_id) < 1)
+           AND EXISTS (SELECT 1 FROM jobs j
+                        WHERE j.project_id = p.id AND j.pool_id = pp.pool_id
+                          AND j.state = 'queued' AND j.ready_at <= now()
+                        LIMIT 1 OFFSET 0));
+END;
+$$;
+
 -- claim: take the next eligible job for runner p_runner_id from p_pool_ids, or nothing.
 -- For each candidate in fairness order, in a subtransaction (so that a lost race undoes
 -- only that candidate's locks, SQLSTATE PDSKP): the job (SKIP LOCKED), a deployment's free

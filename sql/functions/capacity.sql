@@ -40,8 +40,9 @@
 -- Lock order (docs/design.md, "Lock order"): job -> target -> attempt -> (dependents) ->
 -- project claim lock -> project row (SKIP LOCKED, stamp) -> organization stripes -> pool
 -- stripes -> debt rows -> project running stripes (always last: a claim or a release that
--- waits for one holds no lock that anyone waiting for its own rows could hold). Several stripes are always locked by (kind, owner id, stripe
--- number): 'organization' sorts before 'pool'. A limit change takes the owner's row (config
+-- waits for one holds no lock that anyone waiting for its own rows could hold). Several
+-- stripes are always locked by (kind, owner id, stripe number): 'organization' sorts before
+-- 'pool'. A limit change takes the owner's row (config
 -- apply: organizations, then pools, each by id), then all its stripes in order, then its
 -- debt row.
 

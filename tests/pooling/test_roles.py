@@ -11,7 +11,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from pgdispatch.sql import db
+from pgdispatch.sql import Forbidden, db, transitions
 
 from ..conftest import CONSOLE_PASSWORD
 from ..e2e.test_scheduler_e2e import Schedulers, wait_until
@@ -69,3 +69,27 @@ def test_the_console_on_its_web_login_through_the_pooler_never_answers_500(
     assert bad == []
     assert state == {"submitted": [{"state": "cancelled", "n": ROUNDS}], "pauses": ROUNDS,
                      "paused": False, "target": "free", "lost": "failed"}
+
+
+def test_a_scheduler_login_asks_capacity_waiting_through_the_pooler(world, db_url, logins, bouncer):  # noqa: F811
+    """pgd_capacity_waiting (sql/functions/claim.sql) on the scheduler login, through
+    PgBouncer in transaction pooling: it answers for the login's own runner (true while a
+    queued job waits for the project bound its claim holds), and refuses a runner of
+    another login."""
+    world.setup(project_limit=1)
+    world.apply({"runners": [{"login": logins["scheduler"], "pools": ["linux"]}]})
+    world.job()
+    world.job()
+    other = world.runner()  # the test's own (owner) login
+    pools = world.pool_ids(("linux",))
+    url = as_client(bouncer, db_url, logins["scheduler"])
+    with db.connect(url, prepare_threshold=None) as c:
+        runner = transitions.register_runner(c, name="pooled-ask", pools=["linux"], slots=2,
+                                             hostname="test")
+        assert transitions.capacity_waiting(c, runner_id=runner, pools=pools) is False
+        claim = transitions.claim(c, runner_id=runner, pools=pools,
+                                  claim_token=transitions.new_claim_token(), lease_seconds=30)
+        assert claim is not None
+        assert transitions.capacity_waiting(c, runner_id=runner, pools=pools) is True
+        with pytest.raises(Forbidden):
+            transitions.capacity_waiting(c, runner_id=other, pools=pools)

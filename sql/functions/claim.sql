@@ -451,9 +451,7 @@ BEGIN
           JOIN projects p ON p.id = pp.project_id
          WHERE pp.pool_id = ANY (p_pool_ids) AND pp.pool_id = ANY (v_runner.pool_ids)
            AND p.paused_at IS NULL
-           AND ((p.max_running IS NOT NULL
-                 AND (SELECT coalesce(sum(s.running), 0) FROM project_running_stripes s
-                       WHERE s.project_id = p.id) >= p.max_running)
+           AND ((p.max_running IS NOT NULL AND pgd_project_running(p.id) >= p.max_running)
                 OR pgd_free_slots('organization', p.organization_id) < 1
                 OR pgd_free_slots('pool', pp.pool_id) < 1)
            AND EXISTS (SELECT 1 FROM jobs j

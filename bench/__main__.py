@@ -18,6 +18,8 @@ BENCHMARKS = {
     "peers": "bench.report:main_peers",
     "ceiling": "bench.report:main_ceiling",
     "latency": "bench.report:main_latency",
+    # what each guarantee costs: the batched cycle with one guarantee taken out at a time
+    "ledger": "bench.report:main_ledger",
     "report": "bench.report",
     "costs": "bench.costs",
     "running": "bench.running",

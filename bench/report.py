@@ -44,14 +44,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import ceiling, claim, latency, peers
+from . import ceiling, claim, latency, ledger, peers
 from .common import (RESULTS_DIR, ROOT, Bench, bench_server, git_commit, machine, make_template,
                      pgbench_version, server_settings, version)
 
 CHART = ROOT / "docs" / "benchmarks.png"
 # "prototype" (bench/prototypes.py, retired when the product took slot rows): only in saved
 # results, which `python -m bench report` can still print and draw (here and in chart's styles)
-KIND_ORDER = {"pgdispatch": 0, "prototype": 1, "peer": 2, "ceiling": 3}
+KIND_ORDER = {"pgdispatch": 0, "ledger": 1, "prototype": 1, "peer": 2, "ceiling": 3}
 
 FULL = {"clients": "1,4,8,16", "repeats": 3, "jobs": 10_000, "tpcb_seconds": 10.0,
         "history": 1_000_000, "queued_sizes": "10000,100000,1000000", "latency_claims": 1000}
@@ -61,7 +61,7 @@ QUICK = {"clients": "1,4", "repeats": 1, "jobs": 1000, "tpcb_seconds": 3.0,
 
 def all_series() -> dict[str, Any]:
     """Every throughput series by name, pgdispatch's first, then the peers, the ceilings."""
-    return {**claim.SERIES, **peers.SERIES, **ceiling.SERIES}
+    return {**claim.SERIES, **peers.SERIES, **ceiling.SERIES, **ledger.SERIES}
 
 
 def _ints(text: str) -> list[int]:
@@ -112,7 +112,9 @@ def parse(argv: Sequence[str], *, prog: str, only: Sequence[str] | None,
     opts.queued_sizes = _ints(opts.queued_sizes)
     known = all_series()
     wanted = opts.series or env.get("BENCH_SERIES")
-    opts.series = [s for s in (wanted.split(",") if wanted else (only if only is not None else known))
+    # by default every series but the ledger's (bench/ledger.py: run when named)
+    default = [s for s in known if known[s].kind != "ledger"]
+    opts.series = [s for s in (wanted.split(",") if wanted else (only if only is not None else default))
                    if s]
     unknown = [s for s in opts.series if s not in known]
     if unknown:
@@ -336,6 +338,30 @@ def _md(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
                       *(line(r) for r in rows)])
 
 
+def _ledger_rows(doc: dict[str, Any], clients: list[str]) -> list[list[str]]:
+    """The ledger table's rows: each ledger series beside pgdispatch-batch<B> of the run."""
+    rows = []
+    costs = doc.get("costs") or {}
+    for s, meta in doc["series"].items():
+        if meta["kind"] != "ledger":
+            continue
+        full = f"pgdispatch-batch{meta['batch']}"
+        ours, theirs = doc["summary"].get(s, {}), doc["summary"].get(full, {})
+        if not theirs:
+            continue
+        cells = [f"{ours[n]['median'] / theirs[n]['median']:.2f}" if n in ours and n in theirs
+                 else "—" for n in clients]
+
+        def delta(key: str, scale: float, spec: str) -> str:
+            a, b = (costs.get(s) or {}).get(key), (costs.get(full) or {}).get(key)
+            return "—" if a is None or b is None else format((a - b) * scale, spec)
+
+        rows.append([meta["label"], str(meta["batch"]), *cells,
+                     delta("server_cpu_seconds_per_job", 1e6, "+,.0f"),
+                     delta("wal_bytes_per_job", 1, "+,.0f")])
+    return rows
+
+
 def tables(doc: dict[str, Any]) -> str:
     """The report as Markdown tables (printed, and pasted into docs/benchmarks.md)."""
     series = sorted(doc["series"], key=lambda s: KIND_ORDER[doc["series"][s]["kind"]])
@@ -395,6 +421,14 @@ def tables(doc: dict[str, Any]) -> str:
         parts += [f"Of the ceiling (the raw SQL cycle at its best: {label(raw['series'])}, "
                   f"N={raw['clients']}: {raw['median']:,.0f}/s): "
                   + ", ".join(f"{k} {v:.2f}" for k, v in comp["best_of_raw"].items()), ""]
+    ledger_rows = _ledger_rows(doc, clients)
+    if ledger_rows:
+        parts += ["What each guarantee costs (bench/ledger.py): pgdispatch with one guarantee "
+                  "taken out (never product code) / pgdispatch at the same batch, ratio of "
+                  "medians at each N; per-job server CPU and WAL of the variant minus the "
+                  "full cycle's, each at its best N", "",
+                  _md(["taken out", "batch", *[f"N={n}" for n in clients], "Δ server CPU µs/job",
+                       "Δ WAL bytes/job"], ledger_rows), ""]
     if doc.get("costs"):
         fmt = lambda v, spec: "—" if v is None else format(v, spec)  # noqa: E731
         rows = [[label(s), str(c["clients"]), fmt(c["wal_bytes_per_job"], ",.0f"),
@@ -566,6 +600,20 @@ def main_ceiling(argv: Sequence[str] | None = None) -> int:
     """``python -m bench ceiling``: the ceilings alone (bench/ceiling.py)."""
     return run_cli(list(argv or []), prog="python -m bench ceiling", only=list(ceiling.SERIES),
                    latency=False)
+
+
+LEDGER_DEFAULT = ("pgdispatch-batch100", *(f"ledger-{v}-batch100" for v in ledger.VARIANTS),
+                  "raw-claim-batch100")
+
+
+def main_ledger(argv: Sequence[str] | None = None) -> int:
+    """``python -m bench ledger``: what each guarantee costs (bench/ledger.py), by default at
+    batch 100 beside pgdispatch and the raw cycle at the same batch, alternated."""
+    argv = list(argv or [])
+    if not any(a == "--series" or a.startswith("--series=") for a in argv):
+        argv += ["--series", ",".join(LEDGER_DEFAULT)]
+    return run_cli(argv, prog="python -m bench ledger",
+                   only=[*claim.SERIES, *ledger.SERIES, *ceiling.SERIES], latency=False)
 
 
 def main_latency(argv: Sequence[str] | None = None) -> int:

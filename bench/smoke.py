@@ -33,8 +33,9 @@ from pgdispatch.sql import db
 
 from .common import shared_server
 
-# The parts `all` runs (claim, peers, ceiling, latency, and the report it writes).
-PARTS_OF_ALL = ("claim", "peers", "ceiling", "latency")
+# The parts `all` runs (claim, peers, ceiling, latency, and the report it writes; the ledger
+# series when named: one runs in SMOKE_SERIES).
+PARTS_OF_ALL = ("ledger", "claim", "peers", "ceiling", "latency")
 # The smoke run's own embedded server is thrown away afterwards and its figures mean nothing:
 # it need not flush to disk, which makes creating and dropping its many databases quick. A
 # DATABASE_URL server is left as it is.
@@ -46,7 +47,8 @@ RUN_ELSEWHERE = ("fleet",)
 
 SMOKE_SERIES = ("pgdispatch", "pgdispatch-bound", "pgdispatch-batch10", "pgdispatch-batch200",
                 "pgdispatch-batch200-bound", "pgqueuer-batch10", "pgqueuer-batch200",
-                "procrastinate-c1", "procrastinate-c16", "raw-claim", "raw-claim-batch200", "tpcb")
+                "procrastinate-c1", "procrastinate-c16", "raw-claim", "raw-claim-batch200", "tpcb",
+                "ledger-without-all-batch10")
 
 
 def runs(out: Path) -> list[tuple[str, list[str], list[Path]]]:

@@ -35,7 +35,7 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert all(s.startswith(PEERS) for s in unavailable), unavailable
     assert all("cannot be imported" in why for why in unavailable.values()), unavailable
     assert {"pgdispatch", "pgdispatch-bound", "pgdispatch-batch10", "pgdispatch-batch200",
-            "raw-claim", "raw-claim-batch200", "tpcb"} <= set(summary["series"])
+            "raw-claim", "raw-claim-batch200", "tpcb", "ledger-without-all-batch10"} <= set(summary["series"])
     # the end-to-end run through the real scheduler gives every part's figures
     e2e = json.loads((tmp_path / "e2e.json").read_text())
     assert e2e["errors"] == {}, e2e["errors"]
@@ -54,6 +54,9 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert best["median"] == max(c["median"] for s, by_n in run["summary"].items()
                                  if run["series"][s]["system"] == "pgdispatch" for c in by_n.values())
     assert run["summary"][best["series"]][str(best["clients"])]["median"] == best["median"]
+    # the ledger's variant ran beside pgdispatch at its batch (bench/ledger.py)
+    assert run["series"]["ledger-without-all-batch10"]["system"] == "pgdispatch-without-all"
+    assert run["summary"]["ledger-without-all-batch10"] and run["summary"]["pgdispatch-batch10"]
 
 
 def bench_imports(path: Path) -> list[str]:

@@ -513,8 +513,11 @@ BEGIN
         PERFORM pgd_release_slots(v_orgs, v_pools, v_holders);
     END IF;
     -- the items completed one by one were stamped before the release: stamp them again after
-    -- it, so that [claimed_at, finished_at) covers the time they held capacity
-    UPDATE attempts SET finished_at = clock_timestamp() WHERE id = ANY (v_released);
+    -- it, so that [claimed_at, finished_at) covers the time they held capacity (none, when
+    -- every item took the fast path: then no statement, which would be planned anew each time)
+    IF cardinality(v_released) > 0 THEN
+        UPDATE attempts SET finished_at = clock_timestamp() WHERE id = ANY (v_released);
+    END IF;
     IF cardinality(v_rows) > 0 THEN
         UPDATE attempts a
            SET state = 'succeeded', finished_at = clock_timestamp(), exit_code = f.exit_code,

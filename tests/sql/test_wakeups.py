@@ -109,3 +109,18 @@ def test_a_claims_answer_says_whether_more_is_waiting(world):
     assert claim().more_waiting is True
     assert claim().more_waiting is False
     assert claim() is None
+
+
+@pytest.mark.parametrize("queued, more", [(3, False), (4, True)])
+def test_a_batch_answer_says_whether_more_than_it_took_is_waiting(world, queued, more):
+    """A batch of 3 takes every job of 3 (nothing else waits) or leaves the fourth: the
+    jobs it took are still queued when it asks (pgd_more_waiting counts past them)."""
+    world.setup()
+    r = world.runner(slots=10)
+    for _ in range(queued):
+        world.job()
+    got = transitions.claim_batch(world.conn, runner_id=r, pools=world.pool_ids(("linux",)),
+                                  claim_tokens=[transitions.new_claim_token() for _ in range(3)],
+                                  lease_seconds=30)
+    assert len(got) == 3
+    assert {c.more_waiting for c in got} == {more}

@@ -49,7 +49,7 @@ from . import expiry, runner_row, sandbox as sandboxes, summaries
 from .duties import CLEANUP_INTERVAL_SECONDS, Duties
 from .claiming import DEFAULT_MAX_BATCH, Claimer, ClaimWaker
 from .executor import Execution, ExecutionResult
-from .heartbeats import fence_margin_seconds
+from .heartbeats import HeartbeatSender, fence_margin_seconds
 from .periodic import Periodic
 from .reporting import CompletionReporter
 from .sandbox import Sandbox
@@ -123,6 +123,7 @@ class Scheduler:
         self._aps: BackgroundScheduler | None = None
         self._claimer: Claimer | None = None
         self._waker: ClaimWaker | None = None
+        self._heartbeats: HeartbeatSender | None = None
         self._reporter: CompletionReporter | None = None
         self._active: dict[int, Execution] = {}  # attempt id -> execution
         self._watchdog: Watchdog | None = None
@@ -181,6 +182,9 @@ class Scheduler:
         except Exception as exc:  # DatabaseUnavailable and kin: the beat job retries
             log.warning("first runner beat failed: %s", exc)
         self._reporter = CompletionReporter(self._db, s, max_batch=self.max_batch)
+        # one thread beats for every running job, those due together in one transaction
+        self._heartbeats = HeartbeatSender(self._db, s)
+        self._heartbeats.start()
         self._claimer = Claimer(self._db, s, runner_id=self.runner_id, pool_ids=self.pool_ids,
                                 free_slots=self.free_slots, launch=self._launch,
                                 is_draining=self.is_claiming_stopped, max_batch=self.max_batch,
@@ -261,6 +265,9 @@ class Scheduler:
         if self._waker is not None:
             self._waker.stop()
             self._waker.join(timeout=5)
+        if self._heartbeats is not None:  # drained: no job runs or reports any more
+            self._heartbeats.stop()
+            self._heartbeats.join(timeout=self.settings.heartbeat_seconds)
         if self._aps is not None:
             self._aps.shutdown(wait=True)
         if self.runner_id is not None:
@@ -433,7 +440,7 @@ class Scheduler:
                               kill_grace_seconds=self.kill_grace_seconds,
                               on_started=self.on_started, on_completed=self._completed,
                               watchdog=self._watchdog, reporter=self._reporter,
-                              sandbox=self.sandbox)
+                              sandbox=self.sandbox, heartbeats=self._heartbeats)
         with self._changed:
             self._active[claim.attempt_id] = execution
             self._changed.notify_all()

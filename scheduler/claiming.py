@@ -201,8 +201,13 @@ class Claimer:
         if self.max_batch > 1:
             batches_left = 2 * math.ceil(max(self.free_slots(), 1) / self.max_batch)
         may_batch = batches_left > 0
+        # A round fills the slots free when it starts, no more: slots that free meanwhile
+        # (jobs that end at once) wake the next round (ClaimWaker), which may wait for more of
+        # them to free and take them in one batch. Going on claiming them one by one as they
+        # freed kept a steady stream of short jobs in one endless round of single claims.
+        budget = self.free_slots() + launched  # what the recovered claims took counts
         asked, more, held_back = False, True, False
-        while more and not self.is_draining() and self.free_slots() > 0:
+        while more and not self.is_draining() and self._room(budget - launched) > 0:
             asked = True
             claims = self._claim([transitions.new_claim_token()])
             if not claims:
@@ -215,7 +220,7 @@ class Claimer:
             launched += len(claims)
             more = claims[-1].more_waiting  # false: the round ends here (a lone job)
             while more and may_batch and batches_left > 0 and not self.is_draining():
-                want = min(self.free_slots(), self.max_batch)
+                want = min(self._room(budget - launched), self.max_batch)
                 if want < 2:
                     break
                 batches_left -= 1
@@ -230,6 +235,10 @@ class Claimer:
         self._after_round(asked=asked, found=launched > 0, more=more, wakeups=wakeups,
                           held_back=held_back)
         return launched
+
+    def _room(self, budget: int) -> int:
+        """How many more jobs this round may claim: the free slots, at most ``budget``."""
+        return min(self.free_slots(), budget)
 
     def _capacity_waiting(self) -> bool:
         """transitions.capacity_waiting for this runner; False when the database cannot say
@@ -390,3 +399,79 @@ class Claimer:
                      claim.claim_token, claim.job_id, claim.attempt_no)
         except FencedOut:
             log.info("claim %s committed but was fenced out since", claim.claim_token)
+
+
+class ClaimWaker(threading.Thread):
+    """Runs claim rounds on wake-ups, on a thread of its own (no APScheduler job per wake-up).
+
+    ``wake()`` (a NOTIFY, a resume, a drain ended) makes the next round start at once.
+    ``wake(slot_freed=True)`` (a job ended while work is known to be waiting) lets the round
+    wait up to ``coalesce_seconds`` for more slots to free, so that slots freed close
+    together are filled by one claim round — one ordinary claim and one ``claim_batch``
+    instead of a claim each — but never longer, and not at all once ``batch_slots`` slots
+    are free (nothing more to gain) or when a wake-up of the first kind comes meanwhile.
+    Wake-ups that come while a round runs make one more round; none is lost.
+
+    Args:
+        fill: one claim round (``Claimer.fill``); its failures are logged, the poll retries.
+        free_slots: how many slots are free now.
+        batch_slots: free slots at which a round no longer waits (at least 1).
+        coalesce_seconds: the longest wait of a round woken by freed slots, in seconds
+            (0: none).
+    """
+
+    def __init__(self, fill: Callable[[], int], *, free_slots: Callable[[], int],
+                 batch_slots: int, coalesce_seconds: float):
+        super().__init__(name="claim-waker", daemon=True)
+        self._fill = fill
+        self._free_slots = free_slots
+        self.batch_slots = max(1, batch_slots)
+        self.coalesce_seconds = max(0.0, coalesce_seconds)
+        self._cond = threading.Condition()
+        self._is_pending = False   # a wake-up not yet served by a round
+        self._is_urgent = False    # ... of which one must not wait
+        self._is_stopped = False
+        self.rounds = 0            # rounds run (for tests)
+
+    def wake(self, *, slot_freed: bool = False) -> None:
+        """Ask for a claim round: at once, or (``slot_freed``) after the coalescing wait."""
+        with self._cond:
+            self._is_pending = True
+            if not slot_freed:
+                self._is_urgent = True
+            self._cond.notify()
+
+    def stop(self) -> None:
+        """End the thread after the round in flight, if any."""
+        with self._cond:
+            self._is_stopped = True
+            self._cond.notify()
+
+    def run(self) -> None:
+        """Wait for wake-ups and run the rounds (the thread's body)."""
+        while True:
+            with self._cond:
+                while not self._is_pending and not self._is_stopped:
+                    self._cond.wait()
+                if self._is_stopped:
+                    return
+                if not self._is_urgent and self.coalesce_seconds > 0:
+                    until = time.monotonic() + self.coalesce_seconds
+                    while (not self._is_urgent and not self._is_stopped
+                           and self._free_slots() < self.batch_slots):
+                        left = until - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                    if self._is_stopped:
+                        return
+                self._is_pending = self._is_urgent = False
+            self.rounds += 1
+            try:
+                self._fill()
+            except DatabaseUnavailable as exc:  # the poll's guard reports the outage
+                log.debug("claim on wake-up failed: %s; the poll tries again", exc)
+            except Forbidden as exc:
+                log.warning("claim on wake-up refused: %s", exc)
+            except Exception:
+                log.exception("claim on wake-up failed")

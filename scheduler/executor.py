@@ -9,7 +9,8 @@ One ``Execution`` per claim, on its own thread. It ties together four parts, a m
   once the command has ended however it ended, every process left of the job's uid killed
   (a ``setsid`` escapes the group, not this) before the report is sent, then the working
   directory removed and the user handed back;
-* heartbeats.py: the thread that extends the lease while the command runs;
+* heartbeats.py: the lease kept alive while the command runs (one sender thread per
+  scheduler beats for all its running attempts, those due together in one transaction);
 * output.py: the last 64 KiB of the command's output, kept in memory;
 * reporting.py: the outcome recorded in the database, sent again after a lost answer, and
   perhaps in one transaction with other executions' (one ``CompletionReporter`` per scheduler).
@@ -48,7 +49,7 @@ from collections.abc import Callable
 from pgdispatch.sql import Settings
 from pgdispatch.sql.transitions import Claim
 
-from .heartbeats import Heartbeat
+from .heartbeats import Heartbeat, HeartbeatSender
 from .output import OutputTail
 from .reporting import CompletionReporter, report_outcome
 from .sandbox import Sandbox
@@ -108,6 +109,8 @@ class Execution:
             group while it runs; None: no watchdog.
         sandbox: how the command is started (sandbox.Sandbox); default: as this process's
             user, in a fresh directory, with the allow-listed environment.
+        heartbeats: the scheduler's heartbeats.HeartbeatSender, which beats for all its
+            running attempts together; None: this execution beats alone.
     """
 
     def __init__(self, claim: Claim, *, pool, settings: Settings, sent_at: float,
@@ -115,8 +118,9 @@ class Execution:
                  on_started: Callable[[Claim, int], None] | None = None,
                  on_completed: Callable[[ExecutionResult], None] | None = None,
                  watchdog=None, reporter: CompletionReporter | None = None,
-                 sandbox: Sandbox | None = None):
+                 sandbox: Sandbox | None = None, heartbeats: HeartbeatSender | None = None):
         self.claim = claim
+        self.heartbeats = heartbeats
         self.sandbox = sandbox or Sandbox()
         self.reporter = reporter or CompletionReporter(pool, settings, max_batch=1)
         self.watchdog = watchdog
@@ -207,7 +211,7 @@ class Execution:
         tail = OutputTail()
         hb = Heartbeat(claim, pool=self.pool, settings=self.settings, sent_at=self.sent_at,
                        wake=self._supervisor.wake, tail=tail, watchdog=self.watchdog,
-                       pgid=proc.pid)
+                       pgid=proc.pid, sender=self.heartbeats)
         if self.watchdog is not None:
             self.watchdog.arm(proc.pid, lease_from=self.sent_at,
                               lease_seconds=self.settings.lease_seconds)

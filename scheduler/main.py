@@ -47,9 +47,9 @@ from pgdispatch.sql.validate import check_max_batch
 
 from . import expiry, runner_row, sandbox as sandboxes, summaries
 from .duties import CLEANUP_INTERVAL_SECONDS, Duties
-from .claiming import DEFAULT_MAX_BATCH, Claimer
+from .claiming import DEFAULT_MAX_BATCH, Claimer, ClaimWaker
 from .executor import Execution, ExecutionResult
-from .heartbeats import fence_margin_seconds
+from .heartbeats import HeartbeatSender, fence_margin_seconds
 from .periodic import Periodic
 from .reporting import CompletionReporter
 from .sandbox import Sandbox
@@ -122,6 +122,8 @@ class Scheduler:
         self._db = None
         self._aps: BackgroundScheduler | None = None
         self._claimer: Claimer | None = None
+        self._waker: ClaimWaker | None = None
+        self._heartbeats: HeartbeatSender | None = None
         self._reporter: CompletionReporter | None = None
         self._active: dict[int, Execution] = {}  # attempt id -> execution
         self._watchdog: Watchdog | None = None
@@ -180,10 +182,19 @@ class Scheduler:
         except Exception as exc:  # DatabaseUnavailable and kin: the beat job retries
             log.warning("first runner beat failed: %s", exc)
         self._reporter = CompletionReporter(self._db, s, max_batch=self.max_batch)
+        # one thread beats for every running job, those due together in one transaction
+        self._heartbeats = HeartbeatSender(self._db, s)
+        self._heartbeats.start()
         self._claimer = Claimer(self._db, s, runner_id=self.runner_id, pool_ids=self.pool_ids,
                                 free_slots=self.free_slots, launch=self._launch,
                                 is_draining=self.is_claiming_stopped, max_batch=self.max_batch,
                                 is_running=lambda: self.free_slots() < self.slots)
+        # wake-ups claim on a thread of their own: an APScheduler job run per wake-up cost a
+        # tenth of the scheduler's CPU at 100 jobs/s (bench/e2e.py, throughput)
+        self._waker = ClaimWaker(self._claimer.fill, free_slots=self.free_slots,
+                                 batch_slots=min(self.slots, self.max_batch + 1),
+                                 coalesce_seconds=s.claim_coalesce_seconds)
+        self._waker.start()
         aps = BackgroundScheduler(
             timezone=dt.timezone.utc, executors={"default": ThreadPoolExecutor(max_workers=8)},
             job_defaults={"coalesce": True, "misfire_grace_time": None})
@@ -251,6 +262,12 @@ class Scheduler:
         self._listener_stop.set()
         if self._listener is not None:
             self._listener.join(timeout=5)
+        if self._waker is not None:
+            self._waker.stop()
+            self._waker.join(timeout=5)
+        if self._heartbeats is not None:  # drained: no job runs or reports any more
+            self._heartbeats.stop()
+            self._heartbeats.join(timeout=self.settings.heartbeat_seconds)
         if self._aps is not None:
             self._aps.shutdown(wait=True)
         if self.runner_id is not None:
@@ -402,11 +419,12 @@ class Scheduler:
         except JobLookupError:
             pass
 
-    def wake_claimer(self) -> None:
-        """Run the claim job now instead of at its next interval: work is known to be
-        waiting (a wake-up heard, or a slot freed while work was waiting). While an operator's
-        drain holds, a wake-up (a resume's NOTIFY among them) asks for a beat now instead,
-        which learns whether the drain still holds."""
+    def wake_claimer(self, *, slot_freed: bool = False) -> None:
+        """Run a claim round now instead of at the next poll: work is known to be waiting
+        (a wake-up heard, or — ``slot_freed`` — a job ended while work was waiting: then the
+        round may wait up to claim_coalesce_seconds for more slots to free, ClaimWaker).
+        While an operator's drain holds, a wake-up (a resume's NOTIFY among them) asks for a
+        beat now instead, which learns whether the drain still holds."""
         if self._is_draining or self._aps is None:
             return
         if self._drain is not None:
@@ -414,17 +432,15 @@ class Scheduler:
             return
         if self._claimer is not None:
             self._claimer.note_wakeup()  # back to fast polling (scheduler/claiming.py)
-        try:
-            self._aps.modify_job(CLAIM_JOB, next_run_time=dt.datetime.now(dt.timezone.utc))
-        except JobLookupError:
-            pass
+        if self._waker is not None:
+            self._waker.wake(slot_freed=slot_freed)
 
     def _launch(self, claim: Claim, sent_at: float) -> None:
         execution = Execution(claim, pool=self._db, settings=self.settings, sent_at=sent_at,
                               kill_grace_seconds=self.kill_grace_seconds,
                               on_started=self.on_started, on_completed=self._completed,
                               watchdog=self._watchdog, reporter=self._reporter,
-                              sandbox=self.sandbox)
+                              sandbox=self.sandbox, heartbeats=self._heartbeats)
         with self._changed:
             self._active[claim.attempt_id] = execution
             self._changed.notify_all()
@@ -445,7 +461,7 @@ class Scheduler:
             self._changed.notify_all()
         # a freed slot claims at once only when work is known to be waiting; else the poll
         if self._claimer is not None and self._claimer.is_work_waiting():
-            self.wake_claimer()
+            self.wake_claimer(slot_freed=True)
         if self.on_completed is not None:
             self.on_completed(result)
 

@@ -15,6 +15,12 @@ SELECT * FROM pgd_recover_claims(CAST(:claim_tokens AS uuid[]), :runner_id);
 -- out; see pgd_heartbeat (sql/functions/runners.sql).
 SELECT * FROM pgd_heartbeat(:attempt_id, :generation, :lease_seconds, CAST(:output_tail AS text));
 
+-- name: heartbeat_batch
+-- Extend the leases of several attempts at once, each only if it still runs with its
+-- generation; a missing row = that one fenced out; see pgd_heartbeat_batch.
+SELECT * FROM pgd_heartbeat_batch(CAST(:attempt_ids AS bigint[]), CAST(:generations AS bigint[]),
+                                  :lease_seconds, CAST(:output_tails AS text[]));
+
 -- name: complete$
 -- Record an outcome once (receipt key), release every reservation, retry or end the job; see pgd_complete (sql/functions/complete.sql).
 SELECT pgd_complete(:attempt_id, :generation, :outcome, :exit_code, :error, :output_tail,

@@ -20,7 +20,8 @@ REVOKE ALL ON ALL FUNCTIONS IN SCHEMA public
 -- Scheduler (a runner host's login): no table privilege at all; its transitions only.
 GRANT EXECUTE ON FUNCTION pgd_register_runner, pgd_beat_runner, pgd_stop_runner,
                           pgd_get_runner_pool_ids, pgd_claim, pgd_claim_batch, pgd_recover_claims,
-                          pgd_heartbeat, pgd_complete, pgd_complete_batch, pgd_expire_one
+                          pgd_heartbeat, pgd_heartbeat_batch, pgd_complete, pgd_complete_batch,
+                          pgd_expire_one
     TO pgdispatch_scheduler;
 -- The elected duties (sql/functions/runners.sql): each run is fenced by the holder's term;
 -- the summary's unfenced form (pgd_summarize_queue) is the owner's alone.

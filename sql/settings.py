@@ -18,6 +18,8 @@ MAX_LEASE_SECONDS = 86400.0
 MAX_INTERVAL_SECONDS = 3600.0
 # the runner beat and the duty lease: pgd_beat_runner's own bound (sql/functions/runners.sql)
 MAX_DUTY_SECONDS = 300.0
+# a freed slot's wait for others to free (claim_coalesce_seconds): a dispatch delay, so small
+MAX_COALESCE_SECONDS = 0.1
 MIN_STATEMENT_DEADLINE_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 2592000.0  # 30 days, pgd_backoff_seconds' own clamp too
 MAX_PREPARE_THRESHOLD = 1_000_000
@@ -112,6 +114,9 @@ class Settings:
         claim_interval_seconds: how often an idle scheduler looks for work.
         claim_idle_cap_seconds: while claims find nothing, the poll interval doubles from
             claim_interval_seconds up to this (scheduler/claiming.py; at least the interval).
+        claim_coalesce_seconds: how long a slot freed while other jobs still run waits for
+            more slots to free before they are claimed together (scheduler/claiming.py,
+            ClaimWaker; at most MAX_COALESCE_SECONDS).
         expire_interval_seconds: how often a scheduler runs the expiry pass.
         summary_interval_seconds: how often the holder of the summaries duty refreshes the
             queue summary and its history.
@@ -143,6 +148,7 @@ class Settings:
     heartbeat_seconds: float = 10.0
     claim_interval_seconds: float = 1.0
     claim_idle_cap_seconds: float = 15.0
+    claim_coalesce_seconds: float = 0.005
     expire_interval_seconds: float = 5.0
     summary_interval_seconds: float = 5.0
     runner_beat_seconds: float = 15.0
@@ -185,6 +191,7 @@ class Settings:
             # unset, the cap is never below the interval (an interval of 30 s polls every 30 s)
             claim_idle_cap_seconds=seconds("CLAIM_IDLE_CAP", max(15.0, claim_interval),
                                            MAX_INTERVAL_SECONDS),
+            claim_coalesce_seconds=seconds("CLAIM_COALESCE", 0.005, MAX_COALESCE_SECONDS),
             expire_interval_seconds=seconds("EXPIRE_INTERVAL", 5.0, MAX_INTERVAL_SECONDS),
             summary_interval_seconds=seconds("SUMMARY_INTERVAL", 5.0, MAX_INTERVAL_SECONDS),
             runner_beat_seconds=seconds("RUNNER_BEAT", 15.0, MAX_DUTY_SECONDS),

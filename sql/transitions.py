@@ -231,6 +231,30 @@ def heartbeat(conn, *, attempt_id: int, generation: int, lease_seconds: float,
     return Lease(row["lease_expires_at"], row["is_cancel_requested"])
 
 
+@transition("heartbeat_batch", one_statement=True)
+def heartbeat_batch(conn, *, beats: Sequence[tuple[int, int, str | None]],
+                    lease_seconds: float) -> dict[int, Lease]:
+    """Extend the leases of several running attempts in one transaction, each on exactly
+    ``heartbeat``'s conditions (pgd_heartbeat_batch, sql/functions/runners.sql).
+
+    ``beats``: (attempt_id, generation, output_tail or None) for each, at most 1000.
+    Returns the Lease of every attempt renewed, by attempt id; an attempt missing from it is
+    fenced out (stop its work now), as ``heartbeat`` raising FencedOut says for one.
+    Raises:
+        InvalidInput: ``lease_seconds`` not in (0, 86400], or more than 1000 beats.
+    """
+    lease_seconds = check_lease_seconds(lease_seconds)
+    if len(beats) > 1000:
+        raise InvalidInput(f"a heartbeat batch names at most 1000 attempts, got {len(beats)}")
+    if not beats:
+        return {}
+    rows = Q.heartbeat_batch(
+        conn, attempt_ids=[int(b[0]) for b in beats], generations=[int(b[1]) for b in beats],
+        lease_seconds=lease_seconds,
+        output_tails=[None if b[2] is None else b[2].replace("\x00", "\ufffd") for b in beats])
+    return {r["attempt_id"]: Lease(r["lease_expires_at"], r["is_cancel_requested"]) for r in rows}
+
+
 @transition("complete", one_statement=True)
 def complete(conn, *, attempt_id: int, generation: int, outcome: str, receipt_key: str,
              exit_code: int | None = None, error: str | None = None,

@@ -281,6 +281,47 @@ BEGIN
 END;
 $$;
 
+-- Heartbeat of several attempts in one transaction (a scheduler's beats that fall due
+-- together): each attempt's lease extended on exactly pgd_heartbeat's conditions (still
+-- running with its generation, for its runner's own login, still granted the job's pool);
+-- one row for each attempt renewed, none for one fenced out. The attempts are locked first,
+-- in id order (attempts are last in the lock order; pgd_complete_batch takes several of them
+-- by id too, so two batches never wait on each other in a cycle). p_output_tails holds, for
+-- each attempt, its output so far or NULL (unchanged). Raises PD422 for a lease outside
+-- (0, 86400], arrays of unequal lengths, or more than 1000 attempts.
+CREATE OR REPLACE FUNCTION pgd_heartbeat_batch(p_attempt_ids bigint[], p_generations bigint[],
+                                               p_lease_seconds double precision,
+                                               p_output_tails text[])
+RETURNS TABLE (attempt_id bigint, lease_expires_at timestamptz, is_cancel_requested boolean)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
+#variable_conflict use_column
+BEGIN
+    IF p_lease_seconds IS NULL OR NOT (p_lease_seconds > 0 AND p_lease_seconds <= 86400) THEN
+        RAISE EXCEPTION 'lease seconds must be in (0, 86400], got %', p_lease_seconds
+            USING ERRCODE = 'PD422';
+    END IF;
+    IF p_attempt_ids IS NULL OR p_generations IS NULL OR p_output_tails IS NULL
+       OR cardinality(p_attempt_ids) <> cardinality(p_generations)
+       OR cardinality(p_attempt_ids) <> cardinality(p_output_tails)
+       OR cardinality(p_attempt_ids) > 1000 THEN
+        RAISE EXCEPTION 'a heartbeat batch names 0 to 1000 attempts, each with its generation '
+                        'and output tail' USING ERRCODE = 'PD422';
+    END IF;
+    PERFORM 1 FROM attempts a WHERE a.id = ANY (p_attempt_ids) ORDER BY a.id FOR NO KEY UPDATE;
+    RETURN QUERY
+    UPDATE attempts a
+       SET lease_expires_at = clock_timestamp() + make_interval(secs => p_lease_seconds),
+           last_heartbeat_at = now(),
+           output_tail = coalesce(right(b.output_tail, 65536), a.output_tail)
+      FROM unnest(p_attempt_ids, p_generations, p_output_tails) AS b(id, generation, output_tail),
+           jobs j
+     WHERE a.id = b.id AND a.generation = b.generation AND a.state = 'running'
+       AND j.id = a.job_id
+       AND pgd_runner_holds_grant(a.runner_id, j.pool_id)
+    RETURNING a.id, a.lease_expires_at, j.cancel_requested_at IS NOT NULL;
+END;
+$$;
+
 
 -- Whether a runner is live: not stopped, and its last keep-alive newer than ``live_seconds``
 -- (the reader's bound: the console's is the lease) or two of the runner's own beats

@@ -28,7 +28,12 @@ next pick to an ordinary claim again (another project, or a deployment, may be n
 line). Deployments are only ever claimed one at a time, by ``claim``: they take a target,
 and pgd_claim_batch leaves them alone. The last answer is kept (``is_work_waiting``): after
 a completion the scheduler claims again at once only when work is known to be waiting
-(that answer, or a wake-up since); otherwise the next poll finds what came.
+(that answer, or a wake-up since); otherwise the next poll finds what came. Work held back
+by capacity this scheduler's running jobs hold (a project at its bound, a full organization
+or pool) is no candidate, so no claim's answer shows it: a round that finds nothing, or ends
+on a lone job while jobs claimed before it run, asks ``capacity_waiting`` (once: a round
+after one that said yes keeps that answer, and a stale yes costs one empty claim, which asks
+again), and when work waits so, a completion claims at once too.
 
 A claim whose connection broke may still have committed, or still be running on the server
 and commit later (blocked on a lock, say). The tokens it carried (one for a claim, all of a
@@ -71,8 +76,9 @@ class Claimer:
             request that granted its lease was sent.
         is_draining: when true, nothing more is claimed.
         max_batch: most builds claimed in one transaction (1: one claim per transaction).
-        is_running: whether this scheduler runs a job now (then a claim that finds nothing
-            asks whether work waits for capacity its jobs may free: ``capacity_waiting``).
+        is_running: whether this scheduler runs a job now (then a round that finds nothing,
+            or ends on a lone job, asks whether work waits for capacity its jobs may free:
+            ``capacity_waiting``).
     Raises:
         InvalidInput: ``max_batch`` outside 1..1000.
     """
@@ -100,6 +106,7 @@ class Claimer:
         self._ticks_to_skip = 0   # polls to skip before the next round
         self._wakeups = 0         # note_wakeup calls so far
         self._work_waiting = True  # unknown at start: look
+        self._held_back = False   # the last round's answer: work waits for capacity held
         self.polls_skipped = 0    # ticks that made no transaction (for tests and metrics)
         self.claims_sent = 0      # pgd_claim calls sent
         self.batches_sent = 0     # pgd_claim_batch calls sent
@@ -167,6 +174,7 @@ class Claimer:
                 self._ticks_to_skip = random.randint(max(1, (most + 1) // 2), most) - 1
             if asked:
                 self._work_waiting = more or held_back
+                self._held_back = held_back
 
     def fill(self) -> int:
         """Claim until the slots are full, nothing is eligible, or draining; returns how many
@@ -206,6 +214,8 @@ class Claimer:
         # them to free and take them in one batch. Going on claiming them one by one as they
         # freed kept a steady stream of short jobs in one endless round of single claims.
         budget = self.free_slots() + launched  # what the recovered claims took counts
+        # jobs running before this round's claims hold capacity that may hold work back
+        was_running = self.is_running()
         asked, more, held_back = False, True, False
         while more and not self.is_draining() and self._room(budget - launched) > 0:
             asked = True
@@ -232,9 +242,21 @@ class Claimer:
                 more = claims[-1].more_waiting
                 if len(claims) < want:
                     break  # that (project, pool) ran dry or hit a limit: the fair pick again
+        if asked and launched > 0 and not more and was_running:
+            # The round ended on a lone job (more_waiting false). That answer looks only at
+            # jobs it could claim: one held back by a limit the jobs running before this
+            # round fill (a project bound, a full pool or organization) is not among them,
+            # and the completion that frees the limit must claim it at once (bench/e2e.py,
+            # "project bound freed", under load). What the last round learned still holds
+            # when it said so: a stale "held back" costs one empty claim, which asks again.
+            held_back = self._is_held_back() or self._capacity_waiting()
         self._after_round(asked=asked, found=launched > 0, more=more, wakeups=wakeups,
                           held_back=held_back)
         return launched
+
+    def _is_held_back(self) -> bool:
+        with self._state:
+            return self._held_back
 
     def _room(self, budget: int) -> int:
         """How many more jobs this round may claim: the free slots, at most ``budget``."""

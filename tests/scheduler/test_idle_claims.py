@@ -155,6 +155,33 @@ def test_a_completion_that_frees_the_limit_a_job_waits_for_claims_it_at_once(
     assert s._claimer.capacity_asks >= 1
 
 
+def test_a_round_that_ends_on_a_lone_job_still_learns_of_a_job_held_back(
+        world, start_scheduler):
+    """A job held back by its project's bound, which this scheduler's running job fills,
+    arrives together with a job of another project: the wake-up's round claims that one
+    alone (more_waiting false, since the held-back job is no candidate) and, as jobs ran
+    before it, asks pgd_capacity_waiting; so the completion that frees the bound claims the
+    held-back job at once, not at the next poll (30 s away). Without the ask it waited for
+    the next wake-up (bench/e2e.py, "project bound freed" under load: p95 383 ms)."""
+    world.setup(project_limit=1)
+    world.project("other", org="acme", pools=("linux",))
+    slow = dataclasses.replace(FAST, claim_interval_seconds=30.0, claim_idle_cap_seconds=30.0)
+    s, signals = start_scheduler(settings=slow, slots=3, listen=True)
+    wait_until(lambda: listeners_registered(world.conn, 1), what="the listener's registration")
+    wait_until(lambda: s._claimer.claims_sent >= 1, what="the first poll")
+    time.sleep(0.3)  # the listener's first wake-up settles
+    first = world.job(command=["sleep", "0.8"])
+    assert signals.claimed.get(timeout=10).job_id == first["id"]
+    with world.conn.transaction():  # one commit: one NOTIFY, one round
+        held = world.job()
+        lone = world.job(project="other", command=["sleep", "5"])
+    assert signals.claimed.get(timeout=10).job_id == lone["id"]
+    assert signals.next_completed().claim.job_id == first["id"]
+    # claimed by the completion, well before the poll or the lone job's end
+    assert signals.claimed.get(timeout=3).job_id == held["id"]
+    assert s._claimer.capacity_asks >= 1
+
+
 def test_capacity_waiting_says_whether_a_queued_job_waits_for_a_held_limit(world):
     """pgd_capacity_waiting: false with nothing queued or with room; true while a queued job's
     project is at its bound; false again when that project is paused (a pause, not capacity,

@@ -125,10 +125,14 @@ SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
        q.name AS pool, t.name AS target
   FROM unnest(CAST(:project_ids AS bigint[]), CAST(:pool_ids AS bigint[])) AS u (project_id, pool_id)
  CROSS JOIN LATERAL (
-       SELECT x.* FROM jobs x
+       SELECT x.id FROM jobs x
         WHERE x.state IN ('blocked', 'queued', 'uncertain')
-          AND x.project_id = u.project_id AND x.pool_id = u.pool_id AND x.id > :after_id
-        ORDER BY x.id LIMIT :limit) j
+          AND x.project_id = u.project_id AND x.pool_id = u.pool_id
+          AND x.id > CAST(:after_id AS bigint)
+        -- the pair index's own order (by id, the pair being fixed): ordered by id alone,
+        -- the planner may walk jobs_waiting_idx through every waiting job instead
+        ORDER BY x.project_id, x.pool_id, x.id LIMIT :limit) page
+  JOIN jobs j ON j.id = page.id
   JOIN projects p ON p.id = j.project_id
   JOIN organizations o ON o.id = p.organization_id
   JOIN pools q ON q.id = j.pool_id

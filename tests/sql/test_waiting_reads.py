@@ -140,7 +140,8 @@ def test_the_filters_read_their_pairs_or_the_special_jobs(conn, queue):
 
     on_jobs, removed, plan = scans(Q.list_waiting_jobs_of_pairs, project_ids=[bounded, bounded],
                                    pool_ids=[linux, linux], after_id=0, limit=200)
-    assert {i for _, i in on_jobs} == {"jobs_waiting_pair_idx"} and removed == 0, plan
+    # the pair ranges, then the page's rows by id
+    assert {i for _, i in on_jobs} == {"jobs_waiting_pair_idx", "jobs_pkey"} and removed == 0, plan
     on_jobs, removed, plan = scans(Q.list_waiting_special_jobs, project_ids=None, pool_id=None,
                                    target_id=None, after_id=0, limit=200)
     assert {i for _, i in on_jobs} == {"jobs_waiting_special_idx"} and removed == 0, plan

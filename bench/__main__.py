@@ -26,6 +26,9 @@ BENCHMARKS = {
     "claim-wal": "bench.claim_wal",
     # the job search at a large history, its index size, its WAL per submit
     "search": "bench.search",
+    # every console page, each filter, job detail, explain and the search at 1M queued and
+    # 10M finished jobs (issue 21, item 5)
+    "console": "bench.console",
     # dispatch latency, throughput of real commands and CPU per long job, through the real
     # scheduler process
     "e2e": "bench.e2e",

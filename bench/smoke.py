@@ -73,6 +73,9 @@ def runs(out: Path) -> list[tuple[str, list[str], list[Path]]]:
                        "--out", str(out / "claim-wal.json")], [out / "claim-wal.json"]),
         ("search", ["--jobs", "3000", "--runs", "2", "--submits", "20", "--repeats", "1",
                     "--out", str(out / "search.json")], [out / "search.json"]),
+        # every console page on one small database (the full size: 1M queued, 10M finished)
+        ("console", ["--queued", "300", "--history", "2000", "--calls", "2", "--page-seconds", "2",
+                     "--out", str(out / "console.json")], [out / "console.json"]),
         # the real scheduler: one round of every way after the warm-up, a short idle cap and
         # heartbeat so that the poll-bound ways and the cancel take about a second
         ("e2e", ["--samples", "1", "--gap-seconds", "0.01,0.02", "--load-job-seconds", "0.2",

@@ -149,8 +149,8 @@ def preview_bulk(conn, *, action: str, filters: dict[str, Any], priority: int | 
     while states and not truncated:
         page = list(Q.list_bulk_candidates(
             conn, states=states, after_id=after_id, limit=_PAGE, job_ids=job_ids,
-            project_id=ids["project_id"], organization_id=ids["organization_id"],
-            pool_id=ids["pool_id"], target_id=ids["target_id"], runner_id=given.get("runner_id"),
+            project_ids=ids["project_ids"], pool_id=ids["pool_id"], target_id=ids["target_id"],
+            runner_id=given.get("runner_id"),
             older_than_seconds=given.get("older_than_seconds"),
             younger_than_seconds=given.get("younger_than_seconds")))
         if not page:

@@ -279,6 +279,14 @@ def explain_job(conn, *, job_id: int, live_seconds: float = 90.0) -> dict[str, A
             "reasons": [r.as_dict() for r in reasons]}
 
 
+def pair_reasons(world: World, project_id: int, pool_id: int) -> list[str] | None:
+    """The reasons every waiting job of (project, pool) shares (codes of GROUP_REASONS in
+    precedence order), or ``[runners_busy]`` / ``[ready]`` when none holds; None for a
+    project or pool that is gone. A waiting job has one of GROUP_REASONS, or one of
+    LAST_REASONS, only if its (project, pool) has it here."""
+    return _group_codes({"project_id": project_id, "pool_id": pool_id}, world)
+
+
 def _group_codes(s: dict[str, Any], world: World) -> list[str] | None:
     """The reasons every waiting job of summary row ``s``'s (project, pool) shares (codes of
     GROUP_REASONS in precedence order), or ``[runners_busy]`` / ``[ready]`` when none holds;

@@ -78,8 +78,11 @@ SELECT j.id, j.state, j.generation, j.priority, j.command, j.project_id, j.pool_
        SELECT x.* FROM jobs x
         WHERE x.state >= s.state AND x.state <= s.state AND x.id > :after_id
           AND (CAST(:job_ids AS bigint[]) IS NULL OR x.id = ANY (CAST(:job_ids AS bigint[])))
-          AND pgd_job_list_match(x, :project_id, :organization_id, :pool_id, :target_id,
-                                 :runner_id, :older_than_seconds, :younger_than_seconds)
+          AND pgd_job_list_match(x, :project_ids, :pool_id, :target_id, :older_than_seconds,
+                                 :younger_than_seconds)
+          AND (CAST(:runner_id AS bigint) IS NULL
+               OR (SELECT a.runner_id FROM attempts a WHERE a.job_id = x.id
+                    ORDER BY a.attempt_no DESC LIMIT 1) = :runner_id)
         ORDER BY x.state, x.id LIMIT :limit) j
   JOIN projects p ON p.id = j.project_id
   JOIN organizations o ON o.id = p.organization_id
@@ -107,6 +110,58 @@ SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
    AND (CAST(:project AS text) IS NULL OR p.name = :project)
    AND (CAST(:pool AS text) IS NULL OR q.name = :pool)
    AND (CAST(:target AS text) IS NULL OR t.name = :target)
+ ORDER BY j.id
+ LIMIT :limit;
+
+-- name: list_waiting_jobs_of_pairs
+-- As list_waiting_jobs, of the (project, pool) pairs :project_ids[i], :pool_ids[i] only
+-- (the pairs a filter or a reason can match, reads.list_waiting), by id after :after_id:
+-- one range of jobs_waiting_pair_idx per pair, each cut at :limit, then the first :limit of
+-- them all. Read-only.
+SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
+       j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval, j.approved_at, j.submitted_by,
+       j.pending_dependencies, j.failures, j.max_attempts, j.target_id, j.pool_id, j.project_id,
+       j.command, p.name AS project, o.id AS organization_id, o.name AS organization,
+       q.name AS pool, t.name AS target
+  FROM unnest(CAST(:project_ids AS bigint[]), CAST(:pool_ids AS bigint[])) AS u (project_id, pool_id)
+ CROSS JOIN LATERAL (
+       SELECT x.id FROM jobs x
+        WHERE x.state IN ('blocked', 'queued', 'uncertain')
+          AND x.project_id = u.project_id AND x.pool_id = u.pool_id
+          AND x.id > CAST(:after_id AS bigint)
+        -- the pair index's own order (by id, the pair being fixed): ordered by id alone,
+        -- the planner may walk jobs_waiting_idx through every waiting job instead
+        ORDER BY x.project_id, x.pool_id, x.id LIMIT :limit) page
+  JOIN jobs j ON j.id = page.id
+  JOIN projects p ON p.id = j.project_id
+  JOIN organizations o ON o.id = p.organization_id
+  JOIN pools q ON q.id = j.pool_id
+  LEFT JOIN targets t ON t.id = j.target_id
+ ORDER BY j.id
+ LIMIT :limit;
+
+-- name: list_waiting_special_jobs
+-- As list_waiting_jobs, of the waiting jobs that can have a reason of their own (blocked,
+-- uncertain, a deployment, delayed; the predicate of jobs_waiting_special_idx, which the
+-- scan reads by id) after :after_id, with the optional ids of the filters: :project_ids
+-- (any of them), :pool_id, :target_id. Read-only.
+SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
+       j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval, j.approved_at, j.submitted_by,
+       j.pending_dependencies, j.failures, j.max_attempts, j.target_id, j.pool_id, j.project_id,
+       j.command, p.name AS project, o.id AS organization_id, o.name AS organization,
+       q.name AS pool, t.name AS target
+  FROM jobs j
+  JOIN projects p ON p.id = j.project_id
+  JOIN organizations o ON o.id = p.organization_id
+  JOIN pools q ON q.id = j.pool_id
+  LEFT JOIN targets t ON t.id = j.target_id
+ WHERE j.state IN ('blocked', 'queued', 'uncertain')
+   AND (j.state <> 'queued' OR j.target_id IS NOT NULL OR j.ready_at > j.created_at
+        OR j.pending_dependencies > 0 OR j.requires_approval)
+   AND j.id > :after_id
+   AND (CAST(:project_ids AS bigint[]) IS NULL OR j.project_id = ANY (CAST(:project_ids AS bigint[])))
+   AND (CAST(:pool_id AS bigint) IS NULL OR j.pool_id = :pool_id)
+   AND (CAST(:target_id AS bigint) IS NULL OR j.target_id = :target_id)
  ORDER BY j.id
  LIMIT :limit;
 
@@ -203,9 +258,18 @@ SELECT s.state, count(j.state)
 
 -- name: find_job_filters^
 -- The ids of the names a job list filters by (NULL for a name given that does not exist,
--- and for one not given), and the runner id when that runner exists. Read-only.
+-- and for one not given), the runner id when that runner exists, and the project ids the
+-- organization and project filters leave (NULL when neither is given; reads.list_jobs).
+-- Read-only.
 SELECT (SELECT id FROM organizations WHERE name = :organization) AS organization_id,
        (SELECT id FROM projects WHERE name = :project) AS project_id,
+       CASE WHEN CAST(:organization AS text) IS NOT NULL OR CAST(:project AS text) IS NOT NULL
+            THEN ARRAY(SELECT p.id FROM projects p
+                        WHERE (CAST(:project AS text) IS NULL OR p.name = :project)
+                          AND (CAST(:organization AS text) IS NULL
+                               OR p.organization_id = (SELECT o.id FROM organizations o
+                                                        WHERE o.name = :organization))
+                        ORDER BY p.id) END AS project_ids,
        (SELECT id FROM pools WHERE name = :pool) AS pool_id,
        (SELECT id FROM targets WHERE name = :target) AS target_id,
        (SELECT id FROM runners WHERE id = :runner_id) AS runner_id;
@@ -232,28 +296,40 @@ WITH page AS (
     (SELECT j.id FROM jobs j
       WHERE CAST(:state AS text) IS NULL AND CAST(:after_id AS bigint) IS NULL
         AND j.id < :before_id
-        AND pgd_job_list_match(j, :project_id, :organization_id, :pool_id, :target_id,
-                               :runner_id, :older_than_seconds, :younger_than_seconds)
+        AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
+                               :younger_than_seconds)
+        AND (CAST(:runner_id AS bigint) IS NULL
+             OR (SELECT a.runner_id FROM attempts a WHERE a.job_id = j.id
+                  ORDER BY a.attempt_no DESC LIMIT 1) = :runner_id)
       ORDER BY j.id DESC LIMIT :limit)
     UNION ALL
     (SELECT j.id FROM jobs j
       WHERE CAST(:state AS text) IS NULL AND j.id > :after_id AND j.id < :before_id
-        AND pgd_job_list_match(j, :project_id, :organization_id, :pool_id, :target_id,
-                               :runner_id, :older_than_seconds, :younger_than_seconds)
+        AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
+                               :younger_than_seconds)
+        AND (CAST(:runner_id AS bigint) IS NULL
+             OR (SELECT a.runner_id FROM attempts a WHERE a.job_id = j.id
+                  ORDER BY a.attempt_no DESC LIMIT 1) = :runner_id)
       ORDER BY j.id LIMIT :limit)
     UNION ALL
     (SELECT j.id FROM jobs j
       WHERE CAST(:after_id AS bigint) IS NULL
         AND j.state >= :state AND j.state <= :state AND j.id < :before_id
-        AND pgd_job_list_match(j, :project_id, :organization_id, :pool_id, :target_id,
-                               :runner_id, :older_than_seconds, :younger_than_seconds)
+        AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
+                               :younger_than_seconds)
+        AND (CAST(:runner_id AS bigint) IS NULL
+             OR (SELECT a.runner_id FROM attempts a WHERE a.job_id = j.id
+                  ORDER BY a.attempt_no DESC LIMIT 1) = :runner_id)
       ORDER BY j.state DESC, j.id DESC LIMIT :limit)
     UNION ALL
     (SELECT j.id FROM jobs j
       WHERE j.state >= :state AND j.state <= :state
         AND j.id > :after_id AND j.id < :before_id
-        AND pgd_job_list_match(j, :project_id, :organization_id, :pool_id, :target_id,
-                               :runner_id, :older_than_seconds, :younger_than_seconds)
+        AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
+                               :younger_than_seconds)
+        AND (CAST(:runner_id AS bigint) IS NULL
+             OR (SELECT a.runner_id FROM attempts a WHERE a.job_id = j.id
+                  ORDER BY a.attempt_no DESC LIMIT 1) = :runner_id)
       ORDER BY j.state, j.id LIMIT :limit)
 )
 SELECT j.id, j.state, j.priority, j.command, j.project_id, j.pool_id, j.target_id,

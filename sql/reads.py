@@ -10,7 +10,7 @@ from typing import Any
 from .audit import list_subject_events
 from .db import transition
 from .errors import InvalidInput, NotFound, UnknownFilter
-from .explain import (REASON_CODES, WAITING_STATES, read_world, reasons_for,
+from .explain import (REASON_CODES, WAITING_STATES, pair_reasons, read_world, reasons_for,
                       summary_any_reason_counts, summary_oldest_waiting, summary_reason_counts)
 from .queries import Q
 from .validate import JOB_STATES, _check_encodable, check_text
@@ -93,10 +93,15 @@ def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str 
     since = after_since
     batch_size = max(limit, 200) if reason else limit
     filters = {"organization": organization, "project": project, "pool": pool, "target": target}
-    while len(out) < limit:
+    source, ids = _waiting_source(world, reason=reason, **filters)
+    while len(out) < limit and source is not None:
         if sort == "oldest":
             batch = list(Q.list_waiting_jobs_by_age(conn, after_since=since, after_id=cursor,
                                                     limit=batch_size, **filters))
+        elif source == "special":
+            batch = list(Q.list_waiting_special_jobs(conn, after_id=cursor, limit=batch_size, **ids))
+        elif source == "pairs":
+            batch = list(Q.list_waiting_jobs_of_pairs(conn, after_id=cursor, limit=batch_size, **ids))
         else:
             batch = list(Q.list_waiting_jobs(conn, after_id=cursor, limit=batch_size, **filters))
         if not batch:
@@ -127,6 +132,43 @@ def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str 
     more = bool(out and cursor)
     return {"jobs": out, "next_after_id": cursor if more else None,
             "next_after_since": since if more and sort == "oldest" else None, "now": world.now}
+
+
+# The reasons a waiting job can have of its own (its row, its target), which only jobs of
+# jobs_waiting_special_idx have; every other reason holds for a whole (project, pool).
+OWN_REASONS = ("dependency_pending", "approval_required", "retry_delayed", "target_order",
+               "target_held", "target_uncertain")
+
+
+def _waiting_source(world, *, reason: str | None, organization: str | None, project: str | None,
+                    pool: str | None, target: str | None) -> tuple[str | None, dict[str, Any]]:
+    """Where list_waiting (sort "id") reads its candidates, each a superset of the jobs
+    the filters and ``reason`` match (reasons_for decides on each row): ("all", {}) every
+    waiting job (nothing to narrow by); ("special", ids for list_waiting_special_jobs) the
+    jobs that can have a reason of their own, for such a reason or a target filter;
+    ("pairs", ids for list_waiting_jobs_of_pairs) the (project, pool) pairs the organization,
+    project and pool filters leave, of those only the pairs ``reason`` holds for; or (None,
+    {}) when nothing can match (a name that does not exist, no pair)."""
+    projects = [p for p in world.projects.values()
+                if (project is None or p["name"] == project)
+                and (organization is None
+                     or world.organizations[p["organization_id"]]["name"] == organization)]
+    pools = [q for q in world.pools.values() if pool is None or q["name"] == pool]
+    targets = [t["id"] for t in world.targets.values() if t["name"] == target]
+    if not projects or not pools or (target is not None and not targets):
+        return None, {}
+    by_project = project is not None or organization is not None
+    if reason in OWN_REASONS or target is not None:
+        return "special", {"project_ids": [p["id"] for p in projects] if by_project else None,
+                           "pool_id": pools[0]["id"] if pool is not None else None,
+                           "target_id": targets[0] if targets else None}
+    if reason is None and not by_project and pool is None:
+        return "all", {}
+    pairs = [(p["id"], q["id"]) for p in projects for q in pools
+             if reason is None or reason in (pair_reasons(world, p["id"], q["id"]) or ())]
+    if not pairs:
+        return None, {}
+    return "pairs", {"project_ids": [p for p, _ in pairs], "pool_ids": [q for _, q in pairs]}
 
 
 @transition("overview")
@@ -394,8 +436,8 @@ def list_jobs(conn, *, state: str | None = None, organization: str | None = None
             pool=pool, target_id=ids["target_id"], runner_id=runner_id,
             older_than_seconds=older_than_seconds, younger_than_seconds=younger_than_seconds,
             before_id=before_id, after_id=after_id or 0, limit=limit, live_seconds=live_seconds)
-    params = dict(organization_id=ids["organization_id"], project_id=ids["project_id"],
-                  pool_id=ids["pool_id"], target_id=ids["target_id"], runner_id=runner_id,
+    params = dict(project_ids=ids["project_ids"], pool_id=ids["pool_id"],
+                  target_id=ids["target_id"], runner_id=runner_id,
                   older_than_seconds=older_than_seconds, younger_than_seconds=younger_than_seconds,
                   before_id=before_id or MAX_BIGINT, after_id=after_id, limit=limit)
     now = Q.begin_job_list(conn)["now"]

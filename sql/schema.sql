@@ -238,8 +238,22 @@ CREATE INDEX jobs_target_superseded_idx ON jobs (target_id, id) INCLUDE (finishe
 -- the queue summary read only these, however much finished history the table holds.
 CREATE INDEX jobs_waiting_idx ON jobs (id) INCLUDE (project_id, pool_id)
     WHERE state IN ('blocked', 'queued', 'uncertain');
+-- The waiting jobs of one (project, pool) by id: the queue's organization, project and pool
+-- filters and its reasons that hold for a whole (project, pool) read one range per pair that
+-- can match (reads.list_waiting), not every waiting job.
+CREATE INDEX jobs_waiting_pair_idx ON jobs (project_id, pool_id, id)
+    WHERE state IN ('blocked', 'queued', 'uncertain');
+-- The waiting jobs that can have a reason of their own (blocked, uncertain, a deployment,
+-- delayed: ready later than created), by id: the queue's dependency, approval, delay and
+-- target reasons and its target filter read these only. A plain ready build has no entry.
+CREATE INDEX jobs_waiting_special_idx ON jobs (id)
+    WHERE state IN ('blocked', 'queued', 'uncertain')
+      AND (state <> 'queued' OR target_id IS NOT NULL OR ready_at > created_at
+           OR pending_dependencies > 0 OR requires_approval);
 CREATE INDEX jobs_active_idx ON jobs (project_id) WHERE state IN ('running', 'uncertain');
 CREATE INDEX jobs_finished_idx ON jobs (finished_at) WHERE finished_at IS NOT NULL;
+-- The jobs list's target filter: one target's jobs by id (deployments only).
+CREATE INDEX jobs_target_idx ON jobs (target_id, id) WHERE target_id IS NOT NULL;
 -- The Jobs page and `jobs list`: newest first within a state, keyset by id.
 CREATE INDEX jobs_state_idx ON jobs (state, id);
 -- One job per (project, idempotency key); partial, so unkeyed jobs add no entry. pgd_submit's

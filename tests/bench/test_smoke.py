@@ -29,7 +29,8 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     summary = json.loads((tmp_path / "smoke.json").read_text())
     assert [o for o in summary["outcomes"] if "error" in o] == [], output
     assert {o["benchmark"] for o in summary["outcomes"]} >= {"fairness", "notify", "costs",
-                                                               "running", "e2e", "all", "report"}
+                                                               "running", "e2e", "all", "report",
+                                                               "console"}
     # a series may be left out only for a peer that is not installed
     unavailable = summary["unavailable"]
     assert all(s.startswith(PEERS) for s in unavailable), unavailable
@@ -48,6 +49,17 @@ def test_every_benchmark_runs_at_smoke_size(tmp_path):
     assert {"scheduler", "posix_spawn", "popen"} == set(e2e["throughput"]["median_jobs_per_s"])
     assert "ratio_to_ceiling" in e2e["throughput"]
     assert e2e["cpu"]["percent_of_one_core"] >= 0 and e2e["cpu"]["left_behind"] == 0
+    # the console at scale: every page measured, each with its figures, none failed
+    console = json.loads((tmp_path / "console.json").read_text())
+    assert console["errors"] == {}, console["errors"]
+    pages = console["pages"]
+    assert {"overview", "queue", "jobs", "job detail (running)", "job detail (retried)",
+            "jobs explain (queued)", "search common word", "reads.search_jobs no match"} <= set(pages)
+    assert {f"queue ?reason={code}" for code in ("dependency_pending", "capacity_project",
+                                                 "target_uncertain", "ready")} <= set(pages)
+    assert {f"jobs ?state={state}" for state in ("queued", "running", "failed", "superseded")} <= set(pages)
+    assert all({"p50_ms", "p95_ms", "max_ms", "calls", "slow"} <= set(r) for r in pages.values())
+    assert console["build"]["jobs_by_state"]["uncertain"] == 1
     # the best-against-best comparison names the series and N it took for pgdispatch
     run = json.loads((tmp_path / "all.json").read_text())
     best = run["comparisons"]["best"]["pgdispatch"]

@@ -221,8 +221,8 @@ def test_the_preview_reads_the_action_states_range_not_the_history(world):
     analyze_all(world.conn)
     pin_planner(world.conn)
     params = dict(states=["blocked", "queued"], after_id=0, limit=1000, job_ids=None,
-                  project_id=None, organization_id=None, pool_id=None, target_id=None,
-                  runner_id=None, older_than_seconds=None, younger_than_seconds=None)
+                  project_ids=None, pool_id=None, target_id=None, runner_id=None,
+                  older_than_seconds=None, younger_than_seconds=None)
     sql = Q.list_bulk_candidates.sql
     plan = world.conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params).fetchone()["QUERY PLAN"][0]["Plan"]
     nodes = list(plan_nodes(plan))

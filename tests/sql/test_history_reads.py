@@ -138,7 +138,8 @@ def test_job_lists_in_one_state_read_ranges_of_the_state_index(conn, history):
         assert conn.execute("SHOW plan_cache_mode").fetchone()["plan_cache_mode"] == "force_custom_plan"
     sql = statement("list_jobs")
     names = list(dict.fromkeys(re.findall(r"(?<!:):(\w+)", sql)))
-    types = {"state": "text", "older_than_seconds": "float8", "younger_than_seconds": "float8"}
+    types = {"state": "text", "older_than_seconds": "float8", "younger_than_seconds": "float8",
+             "project_ids": "bigint[]"}
     for i, name in enumerate(names, 1):
         sql = re.sub(rf"(?<!:):{name}\b", f"${i}", sql)
     conn.execute(f"PREPARE jobs_in_state({', '.join(types.get(n, 'bigint') for n in names)}) AS {sql}")
@@ -148,7 +149,7 @@ def test_job_lists_in_one_state_read_ranges_of_the_state_index(conn, history):
                                      ("queued", None, None), ("failed", 0, None)):
         values = {"state": f"'{state}'", "before_id": str(2**63 - 1), "limit": "50",
                   "after_id": "NULL" if after_id is None else str(after_id),
-                  "project_id": "NULL" if project is None else str(project)}
+                  "project_ids": "NULL" if project is None else f"ARRAY[{project}]::bigint[]"}
         args = ", ".join(values.get(n, "NULL") for n in names)
         plan = explain(conn, f"EXECUTE jobs_in_state({args})")
         # jobs_pkey: the page's own rows, looked up by id; a Bitmap Heap Scan (the range read

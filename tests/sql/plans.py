@@ -12,6 +12,7 @@ the rows, so autovacuum cannot touch them and only ANALYZE runs (VACUUM cannot r
 
 from __future__ import annotations
 
+import json
 import math
 
 from psycopg.pq import TransactionStatus
@@ -65,3 +66,23 @@ def analyze_all(conn) -> None:
         conn.execute(f"SET default_statistics_target = {max(100, math.ceil(rows / ROWS_PER_TARGET))}")
         conn.execute(f"{verb} {r['t']}")
     conn.execute("RESET default_statistics_target")
+
+
+def record_plans(conn) -> list[dict]:
+    """Turn on auto_explain (NOTICE level, JSON, nested statements, every duration) in this
+    session, with the planner pinned; returns the list each statement's plan is appended to
+    from now on (the caller may clear it between the calls it wants)."""
+    plans: list[dict] = []
+
+    def on_notice(diag) -> None:
+        message = diag.message_primary or ""
+        if "plan:" in message:
+            plans.append(json.loads(message[message.index("{"):]))
+
+    conn.add_notice_handler(on_notice)
+    pin_planner(conn)
+    conn.execute("LOAD 'auto_explain'")
+    for setting, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
+                           ("log_format", "json"), ("log_level", "notice")):
+        conn.execute(f"SET auto_explain.{setting} = {value}")
+    return plans

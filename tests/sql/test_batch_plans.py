@@ -18,7 +18,7 @@ import pytest
 from pgdispatch.sql import db, transitions
 
 from ..variants import variant_sql
-from .plans import analyze_all, pin_planner, plan_nodes, quiet_autovacuum
+from .plans import analyze_all, pin_planner, plan_nodes, quiet_autovacuum, record_plans
 
 RUNNING = 400
 BATCH = 20
@@ -64,32 +64,20 @@ def stale(world, db_url):
 def batch_plans(db_url, runner: int, pool_id: int) -> list[dict]:
     """The plans of every statement BATCHES complete_batch calls run (auto_explain, JSON),
     each after a claim_batch of BATCH jobs (not recorded)."""
-    plans: list[dict] = []
-    recording = False
-
-    def on_notice(diag) -> None:
-        message = diag.message_primary or ""
-        if recording and "plan:" in message:
-            plans.append(json.loads(message[message.index("{"):]))
-
+    recorded: list[dict] = []
     with db.connect(db_url) as conn:
-        conn.add_notice_handler(on_notice)
-        pin_planner(conn)
-        conn.execute("LOAD 'auto_explain'")
-        for setting, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
-                               ("log_format", "json"), ("log_level", "notice")):
-            conn.execute(f"SET auto_explain.{setting} = {value}")
+        plans = record_plans(conn)
         for _ in range(BATCHES):
             got = transitions.claim_batch(conn, runner_id=runner, pools=[pool_id], lease_seconds=600,
                                           claim_tokens=[transitions.new_claim_token() for _ in range(BATCH)])
             assert len(got) == BATCH
-            recording = True
+            plans.clear()
             answers = transitions.complete_batch(conn, items=[
                 {"attempt_id": c.attempt_id, "generation": c.generation, "outcome": "succeeded",
                  "exit_code": 0, "receipt_key": c.receipt_key} for c in got])
-            recording = False
+            recorded += plans
             assert [a["status"] for a in answers] == ["recorded"] * BATCH
-    return plans
+    return recorded
 
 
 def assert_probes_by_primary_key(plans: list[dict]) -> None:

@@ -17,7 +17,7 @@ import pytest
 from pgdispatch.sql import db, transitions
 
 from ..variants import function_sql, variant_sql
-from .plans import analyze_all, explain, pin_planner, plan_nodes, quiet_autovacuum
+from .plans import analyze_all, explain, pin_planner, plan_nodes, quiet_autovacuum, record_plans
 
 PROJECTS = ("web", "api", "shop", "ops", "docs")
 QUEUED_PER_PROJECT = 800
@@ -133,20 +133,8 @@ def test_the_check_fails_without_the_claim_index(conn, loaded):
 def claim_plans(db_url, runner: int, pool_id: int, *, claims: int = 8, complete: bool) -> list[dict]:
     """The plans of every statement ``claims`` claims run, from auto_explain at NOTICE level
     (JSON); each claim completed after it when ``complete``."""
-    plans: list[dict] = []
-
-    def on_notice(diag) -> None:
-        message = diag.message_primary or ""
-        if "plan:" in message:
-            plans.append(json.loads(message[message.index("{"):]))
-
     with db.connect(db_url) as conn:
-        conn.add_notice_handler(on_notice)
-        pin_planner(conn)
-        conn.execute("LOAD 'auto_explain'")
-        for setting, value in (("log_min_duration", "0"), ("log_nested_statements", "on"),
-                               ("log_format", "json"), ("log_level", "notice")):
-            conn.execute(f"SET auto_explain.{setting} = {value}")
+        plans = record_plans(conn)
         for _ in range(claims):
             c = transitions.claim(conn, runner_id=runner, pools=[pool_id],
                                   claim_token=transitions.new_claim_token(), lease_seconds=30)

@@ -399,6 +399,16 @@ class Sandbox:
     def remove_workdir(path: Path) -> None:
         """Remove an attempt's directory and whatever the job left in it (symbolic links are
         removed, never followed)."""
+        # Most jobs leave their directory empty: one rmdir, instead of rmtree's open, scan,
+        # stat and rmdir, each of which gives up the GIL and waits to get it back behind the
+        # other job threads (8 % of a short job's wall time, bench/e2e.py throughput). rmdir
+        # removes only an empty directory and never follows a symbolic link (ENOTDIR): all
+        # else goes to rmtree, as before.
+        try:
+            os.rmdir(path)
+            return
+        except OSError:
+            pass
         shutil.rmtree(path, ignore_errors=True)
         if path.exists():
             log.warning("could not remove all of the job's directory %s", path)

@@ -496,3 +496,51 @@ def test_scheduler_processes_batching_never_exceed_a_limit(world, db_url, tmp_pa
     assert max(len(g) for g in groups) >= 2, "no claim was batched"
     assert len(groups) < attempts
     assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}
+
+
+def test_a_lone_report_waits_for_the_reports_of_commands_that_have_ended(world, db_url):
+    """A report that finds the reporter idle while another command has ended (its report on
+    its way: ``reports_coming``) waits for it and sends both in one complete_batch, instead
+    of going alone and leaving the other to a second transaction. Counted, not timed: the
+    window is long (10 s) and the second report comes after 0.3 s; a report with nothing
+    coming goes at once, alone."""
+    world.setup()
+    runner = world.runner(slots=4)
+    for _ in range(3):
+        world.job()
+    claims = [world.claim(runner) for _ in range(3)]
+    coming = [1]
+    pool = make_scheduler_pool(db_url, slots=2)
+    try:
+        reporter = CompletionReporter(pool, FAST, max_batch=10, reports_coming=lambda: coming[0],
+                                      coalesce_seconds=10.0)
+        answers: dict[int, object] = {}
+
+        def report(i: int, on_queued=None) -> None:
+            c = claims[i]
+            answers[i] = reporter.complete(attempt_id=c.attempt_id, generation=c.generation,
+                                           outcome="succeeded", receipt_key=c.receipt_key,
+                                           exit_code=0, output_tail=f"job {i}",
+                                           on_queued=on_queued)
+
+        def arrived() -> None:
+            coming[0] -= 1
+
+        first = threading.Thread(target=report, args=(0,))
+        first.start()
+        wait_until(lambda: reporter._senders == 1, what="the first report to wait")
+        time.sleep(0.3)
+        assert 0 not in answers  # still waiting for the one coming
+        second = threading.Thread(target=report, args=(1, arrived))
+        second.start()
+        first.join(timeout=10)
+        second.join(timeout=10)
+        assert answers[0]["job_state"] == answers[1]["job_state"] == "succeeded"
+        assert reporter.batches_sent == 1 and reporter.coalesced_waits == 1
+        # nothing coming: the lone report goes at once, on its own
+        report(2)
+        assert answers[2]["job_state"] == "succeeded"
+        assert reporter.batches_sent == 1 and reporter.coalesced_waits == 1
+    finally:
+        pool.close()
+    assert world.counters() == {"org": 0, "project": 0, "pool": 0, "attempts": 0}

@@ -132,9 +132,6 @@ class Execution:
         self.on_completed = on_completed
         self.pid: int | None = None
         self.result: ExecutionResult | None = None
-        # the command has ended and its report is not yet with the reporter (which may wait
-        # for it to send it with another: CompletionReporter, reports_coming)
-        self.is_report_coming = False
         self.done = threading.Event()
         self._abandon = threading.Event()
         self._stop_why: str | None = None
@@ -176,7 +173,6 @@ class Execution:
             result = ExecutionResult(self.claim, self.pid, None, None, "executor failed", "",
                                      None, False, None, time.monotonic() - started)
         self.result = result
-        self.is_report_coming = False
         try:
             self._supervisor.close()
         finally:
@@ -234,7 +230,6 @@ class Execution:
             raise
         finally:
             hb.command_ended.set()
-            self.is_report_coming = True
             # Whatever happened, nothing of the job's process group survives it. The watchdog
             # is disarmed, and the session's leftovers killed, before the reap: until then the
             # group and session id cannot belong to a new job that this would hit.
@@ -247,7 +242,6 @@ class Execution:
         exit_code = proc.returncode
         output = tail.text()
         if stop_reason in ("fenced", "self_fenced"):
-            self.is_report_coming = False
             hb.stopping.set()
             log.warning("job %d attempt %d: %s; killed the process group, not reporting",
                         claim.job_id, claim.attempt_no,
@@ -270,9 +264,6 @@ class Execution:
             # by the statement deadline
             hb.join(timeout=self.settings.heartbeat_seconds)
 
-    def _report_queued(self) -> None:
-        self.is_report_coming = False
-
     def _report(self, started: float, lease_from: Callable[[], float], outcome: str,
                 exit_code: int | None, error: str | None, output: str,
                 stop_reason: str | None) -> ExecutionResult:
@@ -282,7 +273,7 @@ class Execution:
         answer = report_outcome(self.reporter, claim, outcome=outcome, exit_code=exit_code,
                                 error=error, output_tail=output, lease_from=lease_from,
                                 lease_seconds=self.settings.lease_seconds,
-                                abandon=self._abandon, on_queued=self._report_queued)
+                                abandon=self._abandon)
         elapsed = time.monotonic() - started
         if answer is None:
             return ExecutionResult(claim, self.pid, None, exit_code, error, output, stop_reason,

@@ -181,8 +181,7 @@ class Scheduler:
             self._duties.beat()
         except Exception as exc:  # DatabaseUnavailable and kin: the beat job retries
             log.warning("first runner beat failed: %s", exc)
-        self._reporter = CompletionReporter(self._db, s, max_batch=self.max_batch,
-                                            reports_coming=self.reports_coming)
+        self._reporter = CompletionReporter(self._db, s, max_batch=self.max_batch)
         # one thread beats for every running job, those due together in one transaction
         self._heartbeats = HeartbeatSender(self._db, s)
         self._heartbeats.start()
@@ -338,11 +337,6 @@ class Scheduler:
         """The executions in progress now."""
         with self._changed:
             return list(self._active.values())
-
-    def reports_coming(self) -> int:
-        """How many executions have ended their command and not yet queued its report."""
-        with self._changed:
-            return sum(1 for e in self._active.values() if e.is_report_coming)
 
     def free_slots(self) -> int:
         """How many more jobs this scheduler may start now."""

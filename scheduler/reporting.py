@@ -30,9 +30,6 @@ log = logging.getLogger(__name__)
 
 # how long past its lease a finished attempt keeps trying to report (a database outage)
 LATE_REPORT_SECONDS = 900.0
-# the longest a report that finds the reporter idle waits for the reports of commands that
-# have already ended (CompletionReporter, ``reports_coming``)
-REPORT_COALESCE_SECONDS = 0.005
 
 
 @dataclasses.dataclass
@@ -53,12 +50,6 @@ class CompletionReporter:
     has its answer, the next caller sends every queued report (at most ``max_batch``) in one
     ``transitions.complete_batch``. So a batch forms only from reports that would have waited
     anyway, and a quiet scheduler's reports are exactly what they were without batching.
-    One exception: a report that finds the reporter idle while other commands of this
-    scheduler have ended and their reports are on their way (``reports_coming``: killing
-    what is left of the job, reading the last output) waits for them, up to
-    ``coalesce_seconds``, and takes them along. Jobs claimed together end together, and the
-    first of them going alone made two transactions of every such group, the first one's
-    slot and the others' held for both (bench/e2e.py, throughput).
     With ``max_batch`` 1 every report is its own ``complete`` call, sent concurrently.
 
     No report waits on another's answer for longer than PATIENCE_SECONDS: one still unanswered
@@ -73,38 +64,27 @@ class CompletionReporter:
         settings: the retry backoff (seconds) given to the database, and heartbeat_seconds,
             which bounds how long a connection checkout may wait (at least 1 s).
         max_batch: most reports in one transaction (1..1000).
-        reports_coming: how many reports are on their way now (commands ended, report not
-            yet handed to ``complete``); default none.
-        coalesce_seconds: the longest a lone report waits for those (seconds; 0: never).
     Raises:
         InvalidInput: ``max_batch`` outside 1..1000.
     """
 
     PATIENCE_SECONDS = 1.0
 
-    def __init__(self, pool, settings: Settings, *, max_batch: int = 1,
-                 reports_coming: Callable[[], int] = lambda: 0,
-                 coalesce_seconds: float = REPORT_COALESCE_SECONDS):
+    def __init__(self, pool, settings: Settings, *, max_batch: int = 1):
         self.pool = pool
         self.settings = settings
         self.max_batch = check_max_batch(max_batch)
-        self.reports_coming = reports_coming
-        self.coalesce_seconds = max(0.0, coalesce_seconds)
         self.checkout_seconds = max(1.0, settings.heartbeat_seconds)
         self._changed = threading.Condition()
         self._queue: list[_Report] = []
         self._senders = 0  # sends in flight
         self.batches_sent = 0  # complete_batch transactions sent (for tests and logs)
-        self.coalesced_waits = 0  # lone reports that waited for coming ones (for tests)
 
     def complete(self, *, attempt_id: int, generation: int, outcome: str, receipt_key: str,
                  exit_code: int | None = None, error: str | None = None,
-                 output_tail: str | None = None,
-                 on_queued: Callable[[], None] | None = None) -> dict[str, Any]:
+                 output_tail: str | None = None) -> dict[str, Any]:
         """Record one outcome, as ``transitions.complete`` does (same arguments, answer and
         errors), perhaps in one transaction with others. Blocks until it is answered.
-        ``on_queued`` is called once the report is among those to send (it no longer counts
-        in ``reports_coming``).
 
         Returns:
             {"status", "job_id", "attempt_id", "job_state", "attempt_state", "ready_at",
@@ -119,17 +99,11 @@ class CompletionReporter:
                     receipt_key=receipt_key, exit_code=exit_code,
                     error=error, output_tail=output_tail)
         if self.max_batch == 1:
-            if on_queued is not None:
-                on_queued()
             return self._complete_one(item)
         report = _Report(item)
         impatient_at = time.monotonic() + self.PATIENCE_SECONDS
         with self._changed:
             self._queue.append(report)
-            if on_queued is not None:
-                on_queued()
-            self._changed.notify_all()  # a lone report waiting for the coming ones
-        is_first_send = True
         while True:
             with self._changed:
                 while not report.is_done and self._senders:
@@ -139,9 +113,6 @@ class CompletionReporter:
                     self._changed.wait(left)
                 if report.is_done:
                     break
-                if report in self._queue and is_first_send:
-                    self._wait_for_coming()
-                is_first_send = False
                 if report in self._queue:
                     # ours first, then whoever else is waiting
                     self._queue.remove(report)
@@ -161,27 +132,6 @@ class CompletionReporter:
         if report.error is not None:
             raise report.error
         return report.answer
-
-    def _wait_for_coming(self) -> None:
-        """Called with the lock held by a report about to be sent: while fewer than
-        max_batch are queued and reports of ended commands are on their way, wait for them
-        (at most coalesce_seconds). Counted as a sender meanwhile, so the reports that come
-        queue behind it instead of going alone."""
-        if self.coalesce_seconds <= 0 or len(self._queue) >= self.max_batch:
-            return
-        if self.reports_coming() <= 0:
-            return
-        until = time.monotonic() + self.coalesce_seconds
-        self._senders += 1
-        try:
-            while len(self._queue) < self.max_batch and self.reports_coming() > 0:
-                left = until - time.monotonic()
-                if left <= 0:
-                    break
-                self._changed.wait(left)
-        finally:
-            self._senders -= 1
-        self.coalesced_waits += 1
 
     def _send(self, batch: list[_Report]) -> None:
         """Answer every report of ``batch`` that nobody answered meanwhile; whatever goes
@@ -259,8 +209,7 @@ def _again(exc: BaseException) -> BaseException:
 def report_outcome(reporter: CompletionReporter, claim: Claim, *, outcome: str,
                    exit_code: int | None, error: str | None, output_tail: str,
                    lease_from: Callable[[], float], lease_seconds: float,
-                   abandon: threading.Event,
-                   on_queued: Callable[[], None] | None = None) -> dict[str, Any] | None:
+                   abandon: threading.Event) -> dict[str, Any] | None:
     """Complete the claim's attempt with ``outcome``; the database's answer, or None when
     nothing was recorded (fenced out, refused, or given up). Never raises.
 
@@ -282,7 +231,6 @@ def report_outcome(reporter: CompletionReporter, claim: Claim, *, outcome: str,
             last heartbeat that succeeded, or of the claim); asked again at each retry.
         lease_seconds: how long the lease runs from then, in seconds.
         abandon: once set, the next failure gives up at once (the scheduler is exiting).
-        on_queued: passed to ``CompletionReporter.complete`` (each try).
     Returns:
         ``CompletionReporter.complete``'s answer (``job_state``, ``is_late_report``, ...).
     """
@@ -296,7 +244,7 @@ def report_outcome(reporter: CompletionReporter, claim: Claim, *, outcome: str,
             return reporter.complete(
                 attempt_id=claim.attempt_id, generation=claim.generation, outcome=outcome,
                 receipt_key=claim.receipt_key, exit_code=exit_code, error=error,
-                output_tail=output_tail, on_queued=on_queued)
+                output_tail=output_tail)
         except FencedOut as exc:
             log.warning("job %d attempt %d: %s not recorded: %s", claim.job_id,
                         claim.attempt_no, outcome, exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from pgdispatch.sql import Forbidden, db, transitions
+from pgdispatch.sql import Forbidden, InvalidInput, db, transitions
 
 from ..conftest import CONSOLE_PASSWORD
 from ..e2e.test_scheduler_e2e import Schedulers, wait_until
@@ -93,3 +93,37 @@ def test_a_scheduler_login_asks_capacity_waiting_through_the_pooler(world, db_ur
         assert transitions.capacity_waiting(c, runner_id=runner, pools=pools) is True
         with pytest.raises(Forbidden):
             transitions.capacity_waiting(c, runner_id=other, pools=pools)
+
+
+def test_a_scheduler_login_renews_leases_in_a_batch_through_the_pooler(world, db_url, logins, bouncer):  # noqa: F811
+    """pgd_heartbeat_batch (sql/functions/runners.sql) on the scheduler login, through
+    PgBouncer in transaction pooling: one call renews the leases of the login's own running
+    attempts and leaves out an attempt of another login's runner (its lease untouched), as
+    pgd_heartbeat refuses one; an out-of-range lease is refused with nothing changed."""
+    world.setup()
+    world.apply({"runners": [{"login": logins["scheduler"], "pools": ["linux"]}]})
+    for _ in range(3):
+        world.job()
+    pools = world.pool_ids(("linux",))
+    foreign = world.claim(world.runner(), lease_seconds=5)  # the test's own (owner) login
+    url = as_client(bouncer, db_url, logins["scheduler"])
+    with db.connect(url, prepare_threshold=None) as c:
+        runner = transitions.register_runner(c, name="pooled-beat", pools=["linux"], slots=2,
+                                             hostname="test")
+        mine = [transitions.claim(c, runner_id=runner, pools=pools,
+                                  claim_token=transitions.new_claim_token(), lease_seconds=5)
+                for _ in range(2)]
+        assert all(m is not None for m in mine)
+        beats = [(m.attempt_id, m.generation, f"tail {m.attempt_id}") for m in mine]
+        beats.append((foreign.attempt_id, foreign.generation, "not mine"))
+        leases = transitions.heartbeat_batch(c, beats=beats, lease_seconds=60)
+        assert set(leases) == {m.attempt_id for m in mine}
+        with pytest.raises(InvalidInput):
+            transitions.heartbeat_batch(c, beats=beats[:1], lease_seconds=0)
+    for m in mine:
+        row = world.row("attempts", m.attempt_id)
+        assert row["lease_expires_at"] == leases[m.attempt_id].lease_expires_at
+        assert row["lease_expires_at"] > m.lease_expires_at
+        assert row["output_tail"] == f"tail {m.attempt_id}"
+    row = world.row("attempts", foreign.attempt_id)
+    assert row["lease_expires_at"] == foreign.lease_expires_at and row["output_tail"] != "not mine"

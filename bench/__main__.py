@@ -34,9 +34,11 @@ BENCHMARKS = {
     "e2e": "bench.e2e",
     # every benchmark above once, at sizes that take seconds (make bench-smoke, make test)
     "smoke": "bench.smoke",
+    # make bench: every table of docs/benchmarks.md in turn, at the settings it quotes, timed
+    "plan": "bench.plan",
 }
-# what `python -m bench` with no name runs (the parts of "all" are not run twice)
-DEFAULT = ("fairness", "all")
+# what `python -m bench` with no name runs
+DEFAULT = ("plan",)
 
 
 def _entry(name: str):

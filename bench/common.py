@@ -162,6 +162,7 @@ class Bench:
     tpcb_seconds: float = 10.0
     tpcb_scale: int = 16
     warmup: int = 2000
+    procrastinate_jobs: int | None = None
     state: dict[str, Any] = dataclasses.field(default_factory=dict)
     cleanups: list[Callable[[], None]] = dataclasses.field(default_factory=list)
 

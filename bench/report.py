@@ -84,6 +84,8 @@ def parse(argv: Sequence[str], *, prog: str, only: Sequence[str] | None,
     p.add_argument("--jobs", type=int, help="no-op jobs per throughput run")
     p.add_argument("--series", help="series to run, comma-separated (BENCH_SERIES); "
                                     f"known: {', '.join(all_series())}")
+    p.add_argument("--procrastinate-jobs", type=int,
+                   help="no-op jobs per Procrastinate run (default: --jobs)")
     p.add_argument("--projects", type=int, default=4, help="pgdispatch projects the jobs spread over")
     p.add_argument("--idle-seconds", type=float, default=0.001,
                    help="pause of a pgdispatch loop whose claim found nothing (seconds)")
@@ -174,7 +176,8 @@ def run(opts: argparse.Namespace, *, command: Sequence[str]) -> dict[str, Any]:
         "command": list(command), "quick": opts.quick, "machine": machine(), "versions": vers,
         "params": {k: getattr(opts, k) for k in (
             "clients", "repeats", "jobs", "warmup", "projects", "idle_seconds",
-            "tpcb_seconds", "tpcb_scale", "history", "queued_sizes", "latency_claims")},
+            "tpcb_seconds", "tpcb_scale", "history", "queued_sizes", "latency_claims",
+            "procrastinate_jobs")},
         "series": {s.name: {"label": s.label.format(**label_values), "kind": s.kind,
                             "system": s.system, "batch": s.batch} for s in series},
         "unavailable": unavailable, "runs": [], "errors": [], "latency": [],
@@ -186,7 +189,8 @@ def run(opts: argparse.Namespace, *, command: Sequence[str]) -> dict[str, Any]:
         bench = Bench(server_url=url, server_kind=kind, template=make_template(url), jobs=opts.jobs,
                       projects=opts.projects, idle_seconds=opts.idle_seconds,
                       timeout_seconds=opts.timeout_seconds, tpcb_seconds=opts.tpcb_seconds,
-                      tpcb_scale=opts.tpcb_scale, warmup=opts.warmup)
+                      tpcb_scale=opts.tpcb_scale, warmup=opts.warmup,
+                      procrastinate_jobs=opts.procrastinate_jobs)
         try:
             for repeat in range(opts.repeats):
                 for n in opts.clients:
@@ -369,8 +373,10 @@ def tables(doc: dict[str, Any]) -> str:
     label = lambda s: doc["series"][s]["label"]  # noqa: E731
     when = doc["created_at"][:16].replace("T", " ")
     mode = "QUICK SMOKE RUN (noisy, not final figures)" if doc["quick"] else "Run"
-    sizes = (f", {doc['params']['jobs']:,} jobs per run, median of {doc['params']['repeats']} run(s)"
-             if doc["runs"] else "")
+    fewer = doc["params"].get("procrastinate_jobs")
+    sizes = (f", {doc['params']['jobs']:,} jobs per run"
+             + (f" (Procrastinate {fewer:,})" if fewer else "")
+             + f", median of {doc['params']['repeats']} run(s)" if doc["runs"] else "")
     parts = [f"{mode}: {when} UTC, `{' '.join(doc['command'])}`, server {doc['server']['kind']} "
              f"(fsync {doc['server']['settings'].get('fsync')}, synchronous_commit "
              f"{doc['server']['settings'].get('synchronous_commit')}){sizes}", ""]

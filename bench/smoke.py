@@ -92,6 +92,8 @@ def runs(out: Path) -> list[tuple[str, list[str], list[Path]]]:
                  "--queued-sizes", "50", "--latency-claims", "5", "--timeout-seconds", "120",
                  "--out", str(out / "all.json"), "--chart", str(out / "all.png")], [out / "all.json"]),
         ("report", [str(out / "all.json"), "--chart", str(out / "report.png")], []),
+        # make bench's steps, listed (each is one of the benchmarks above at full size)
+        ("plan", ["--list"], []),
     ]
 
 

@@ -245,20 +245,32 @@ LANGUAGE sql IMMUTABLE AS $$ SELECT 1885824114 $$;
 CREATE OR REPLACE FUNCTION pgd_runner_lock_key(p_runner_id bigint) RETURNS integer
 LANGUAGE sql IMMUTABLE AS $$ SELECT (p_runner_id % 2147483647)::integer $$;
 
+-- A lease in seconds as every claim and heartbeat accepts it: in (0, 86400], else PD422 (one
+-- day at most: a host that holds work longer must beat; an unbounded lease could end past
+-- what PostgreSQL or Python can hold and would never be expired). NaN is above every number
+-- in PostgreSQL, so it is refused too. pgdispatch/sql/validate.py check_lease_seconds says
+-- the same to the Python caller before the round trip.
+CREATE OR REPLACE FUNCTION pgd_check_lease_seconds(p_lease_seconds double precision) RETURNS void
+LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+    IF p_lease_seconds IS NULL OR NOT (p_lease_seconds > 0 AND p_lease_seconds <= 86400) THEN
+        RAISE EXCEPTION 'lease seconds must be in (0, 86400], got %', p_lease_seconds
+            USING ERRCODE = 'PD422';
+    END IF;
+END;
+$$;
+
 -- The pools a claim by p_runner_id may take from: p_pool_ids that the runner serves; NULL
 -- when the runner is draining (its own shutdown, or an operator's drain) or stopped (it
--- claims nothing). Checks the lease (seconds). The caller holds the runner claim lock
--- (above). Raises PD422 for a lease outside (0, 86400], PD404 for an unknown runner.
+-- claims nothing). Checks the lease (pgd_check_lease_seconds). The caller holds the runner
+-- claim lock (above). Raises PD422 for a bad lease, PD404 for an unknown runner.
 CREATE OR REPLACE FUNCTION pgd_runner_pools(p_runner_id bigint, p_pool_ids bigint[], p_lease_seconds double precision)
 RETURNS bigint[]
 LANGUAGE plpgsql STABLE AS $$
 DECLARE
     v_runner runners%ROWTYPE;
 BEGIN
-    IF p_lease_seconds IS NULL OR p_lease_seconds <= 0 OR p_lease_seconds > 86400 THEN
-        RAISE EXCEPTION 'lease seconds must be in (0, 86400], got %', p_lease_seconds
-            USING ERRCODE = 'PD422';
-    END IF;
+    PERFORM pgd_check_lease_seconds(p_lease_seconds);
     SELECT * INTO v_runner FROM runners r WHERE r.id = p_runner_id;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'unknown runner %', p_runner_id USING ERRCODE = 'PD404';

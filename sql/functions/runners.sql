@@ -256,18 +256,15 @@ $$;
 -- runner's own login, still granted the job's pool (pgd_runner_holds_grant); no row = fenced
 -- out. Locks only the attempt row (last in lock order). p_output_tail, when not NULL,
 -- replaces the attempt's stored output so far (its last 65,536 characters). Raises PD422 for
--- a lease outside (0, 86400], as a claim does: no host may hold work past what an operator
--- can wait for.
+-- a lease outside (0, 86400] (pgd_check_lease_seconds), as a claim does: no host may hold
+-- work past what an operator can wait for.
 CREATE OR REPLACE FUNCTION pgd_heartbeat(p_attempt_id bigint, p_generation bigint,
                                          p_lease_seconds double precision, p_output_tail text)
 RETURNS TABLE (lease_expires_at timestamptz, is_cancel_requested boolean)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
-    IF p_lease_seconds IS NULL OR NOT (p_lease_seconds > 0 AND p_lease_seconds <= 86400) THEN
-        RAISE EXCEPTION 'lease seconds must be in (0, 86400], got %', p_lease_seconds
-            USING ERRCODE = 'PD422';
-    END IF;
+    PERFORM pgd_check_lease_seconds(p_lease_seconds);
     RETURN QUERY
     UPDATE attempts a
        SET lease_expires_at = clock_timestamp() + make_interval(secs => p_lease_seconds),
@@ -296,10 +293,7 @@ RETURNS TABLE (attempt_id bigint, lease_expires_at timestamptz, is_cancel_reques
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = public, pg_temp AS $$
 #variable_conflict use_column
 BEGIN
-    IF p_lease_seconds IS NULL OR NOT (p_lease_seconds > 0 AND p_lease_seconds <= 86400) THEN
-        RAISE EXCEPTION 'lease seconds must be in (0, 86400], got %', p_lease_seconds
-            USING ERRCODE = 'PD422';
-    END IF;
+    PERFORM pgd_check_lease_seconds(p_lease_seconds);
     IF p_attempt_ids IS NULL OR p_generations IS NULL OR p_output_tails IS NULL
        OR cardinality(p_attempt_ids) <> cardinality(p_generations)
        OR cardinality(p_attempt_ids) <> cardinality(p_output_tails)

@@ -165,10 +165,42 @@ SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
  ORDER BY j.id
  LIMIT :limit;
 
--- name: list_waiting_jobs_by_age
--- As list_waiting_jobs, longest waiting first: by waiting since (pgd_waiting_since), then
--- id, keyset-paginated after (:after_since, :after_id) (NULL: from the start). The waiting jobs are read and the
--- first :limit kept (a top-N sort; no index orders them by that time). Read-only.
+-- name: list_waiting_jobs_of_pairs_by_age
+-- As list_waiting_jobs_of_pairs, longest waiting first: by waiting since (pgd_waiting_since),
+-- then id, keyset-paginated after (:after_since, :after_id) (:after_since NULL: from the
+-- start). One range of jobs_waiting_age_idx (project_id, pool_id, waiting since, id) per
+-- pair, each cut at :limit, then the first :limit of them all: a page costs pairs x :limit
+-- index entries, not a sort of every waiting job. pgd_waiting_since is inlined to the
+-- index's expression. Read-only.
+SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
+       j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval, j.approved_at, j.submitted_by,
+       j.pending_dependencies, j.failures, j.max_attempts, j.target_id, j.pool_id, j.project_id,
+       j.command, p.name AS project, o.id AS organization_id, o.name AS organization,
+       q.name AS pool, t.name AS target
+  FROM unnest(CAST(:project_ids AS bigint[]), CAST(:pool_ids AS bigint[])) AS u (project_id, pool_id)
+ CROSS JOIN LATERAL (
+       SELECT x.id, pgd_waiting_since(x.state, x.ready_at, x.created_at) AS waiting_since
+         FROM jobs x
+        WHERE x.state IN ('blocked', 'queued', 'uncertain')
+          AND x.project_id = u.project_id AND x.pool_id = u.pool_id
+          -- from the start when no cursor: every waiting since is after -infinity
+          AND (pgd_waiting_since(x.state, x.ready_at, x.created_at), x.id)
+              > (coalesce(CAST(:after_since AS timestamptz), '-infinity'),
+                 coalesce(CAST(:after_id AS bigint), 0))
+        ORDER BY pgd_waiting_since(x.state, x.ready_at, x.created_at), x.id LIMIT :limit) page
+  JOIN jobs j ON j.id = page.id
+  JOIN projects p ON p.id = j.project_id
+  JOIN organizations o ON o.id = p.organization_id
+  JOIN pools q ON q.id = j.pool_id
+  LEFT JOIN targets t ON t.id = j.target_id
+ ORDER BY page.waiting_since, j.id
+ LIMIT :limit;
+
+-- name: list_waiting_special_jobs_by_age
+-- As list_waiting_special_jobs, longest waiting first, keyset-paginated after
+-- (:after_since, :after_id) as list_waiting_jobs_of_pairs_by_age: the jobs of
+-- jobs_waiting_special_idx (few: a plain ready build has no entry) that pass the filters,
+-- sorted. Read-only.
 SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
        j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval, j.approved_at, j.submitted_by,
        j.pending_dependencies, j.failures, j.max_attempts, j.target_id, j.pool_id, j.project_id,
@@ -180,13 +212,14 @@ SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
   JOIN pools q ON q.id = j.pool_id
   LEFT JOIN targets t ON t.id = j.target_id
  WHERE j.state IN ('blocked', 'queued', 'uncertain')
-   AND (CAST(:after_since AS timestamptz) IS NULL
-        OR (pgd_waiting_since(j.state, j.ready_at, j.created_at), j.id)
-           > (CAST(:after_since AS timestamptz), CAST(:after_id AS bigint)))
-   AND (CAST(:organization AS text) IS NULL OR o.name = :organization)
-   AND (CAST(:project AS text) IS NULL OR p.name = :project)
-   AND (CAST(:pool AS text) IS NULL OR q.name = :pool)
-   AND (CAST(:target AS text) IS NULL OR t.name = :target)
+   AND (j.state <> 'queued' OR j.target_id IS NOT NULL OR j.ready_at > j.created_at
+        OR j.pending_dependencies > 0 OR j.requires_approval)
+   AND (pgd_waiting_since(j.state, j.ready_at, j.created_at), j.id)
+       > (coalesce(CAST(:after_since AS timestamptz), '-infinity'),
+          coalesce(CAST(:after_id AS bigint), 0))
+   AND (CAST(:project_ids AS bigint[]) IS NULL OR j.project_id = ANY (CAST(:project_ids AS bigint[])))
+   AND (CAST(:pool_id AS bigint) IS NULL OR j.pool_id = :pool_id)
+   AND (CAST(:target_id AS bigint) IS NULL OR j.target_id = :target_id)
  ORDER BY 1, j.id
  LIMIT :limit;
 

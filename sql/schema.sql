@@ -243,6 +243,13 @@ CREATE INDEX jobs_waiting_idx ON jobs (id) INCLUDE (project_id, pool_id)
 -- can match (reads.list_waiting), not every waiting job.
 CREATE INDEX jobs_waiting_pair_idx ON jobs (project_id, pool_id, id)
     WHERE state IN ('blocked', 'queued', 'uncertain');
+-- The waiting jobs of one (project, pool) by how long they have waited (pgd_waiting_since,
+-- sql/functions/summaries.sql, written out: an index expression must not change under its
+-- entries), then id: the queue longest waiting first reads one range per pair
+-- (list_waiting_jobs_of_pairs_by_age) instead of sorting every waiting job.
+CREATE INDEX jobs_waiting_age_idx ON jobs
+    (project_id, pool_id, (CASE WHEN state = 'blocked' THEN created_at ELSE ready_at END), id)
+    WHERE state IN ('blocked', 'queued', 'uncertain');
 -- The waiting jobs that can have a reason of their own (blocked, uncertain, a deployment,
 -- delayed: ready later than created), by id: the queue's dependency, approval, delay and
 -- target reasons and its target filter read these only. A plain ready build has no entry.

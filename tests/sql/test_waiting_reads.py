@@ -178,3 +178,57 @@ def test_the_job_list_filters_are_inlined_into_index_reads(conn, queue):
         assert "pgd_job_list_match" not in text, text
         assert index in {n.get("Index Name") for n in plan_nodes(plan)}, (filters, text)
         assert reads.list_jobs(c, **filters)["jobs"], filters
+
+
+def listed_by_age(conn, *, limit, **kw):
+    """Every page of list_waiting longest waiting first, followed by its cursor."""
+    out, after, since = [], 0, None
+    while True:
+        page = reads.list_waiting(conn, after_id=after, after_since=since, limit=limit,
+                                  sort="oldest", **kw)
+        out += [(j["waiting_since"], j["id"]) for j in page["jobs"]]
+        if page["next_after_id"] is None:
+            return out
+        after, since = page["next_after_id"], page["next_after_since"]
+
+
+def test_longest_waiting_first_lists_what_a_walk_sorted_by_waiting_since_lists(conn, queue):
+    """sort "oldest": every reason and filter, paged, is the walk's list sorted by
+    (waiting since, id)."""
+    for code in (None, "ready", "approval_required", "retry_delayed", "capacity_project",
+                 "target_held", "pool_paused"):
+        for filters in FILTERS:
+            walk = {j["id"]: j["waiting_since"] for j in Q.list_waiting_jobs(
+                conn, after_id=0, limit=100000,
+                **{k: filters.get(k) for k in ("organization", "project", "pool", "target")})}
+            want = sorted((walk[i], i) for i in expected(conn, reason=code, **filters))
+            for limit in (2, 50):
+                assert listed_by_age(conn, limit=limit, reason=code, **filters) == want, (code, filters, limit)
+
+
+def test_longest_waiting_first_reads_one_age_range_per_pair(conn, queue):
+    """The queue longest waiting first, with 20,000 plain waiting jobs: one range of
+    jobs_waiting_age_idx per pair cut at the page, no sort of every waiting job (before 0019
+    a Sort of all of them under the LIMIT)."""
+    c = conn
+    quiet_autovacuum(c)
+    web, linux = c.execute("SELECT p.id AS p, q.id AS q FROM projects p, pools q "
+                           "WHERE p.name = 'web' AND q.name = 'linux'").fetchone().values()
+    c.execute("INSERT INTO jobs (project_id, pool_id, state, command) "
+              "SELECT %s, %s, 'queued', ARRAY['true'] FROM generate_series(1, 20000)", (web, linux))
+    analyze_all(c)
+    pin_planner(c)
+    world = read_world(c)
+    pairs = reads._every_pair(world)
+    for after_since in (None, "2000-01-01T00:00:00Z"):
+        plan = c.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q.list_waiting_jobs_of_pairs_by_age.sql,
+                         dict(pairs, after_since=after_since, after_id=0, limit=50)
+                         ).fetchone()["QUERY PLAN"][0]["Plan"]
+        nodes = list(plan_nodes(plan))
+        on_jobs = {n.get("Index Name") for n in nodes if n.get("Relation Name") == "jobs"}
+        assert on_jobs == {"jobs_waiting_age_idx", "jobs_pkey"}, json.dumps(plan, indent=1)
+        # each pair's range stops at the page: at most 50 entries a pair, never the 20,000
+        assert max(n["Actual Rows"] / max(n.get("Actual Loops", 1), 1) for n in nodes
+                   if n.get("Index Name") == "jobs_waiting_age_idx") <= 50, json.dumps(plan, indent=1)
+    assert len(reads.list_waiting(c, sort="oldest")["jobs"]) == 50
+

@@ -19,10 +19,16 @@ from a migrated template. Bench set-up, not production code:
   busy (1 slot).
 * *Bulk*: ``--history`` finished jobs with their attempts and receipts as
   bench/latency.py's INSERT_HISTORY writes them (oldest first, over the last 30 days), then
-  ``--queued`` ready no-op jobs round-robin over p0..p3 in pool bench, both loaded with the
-  secondary indexes of jobs, attempts and delivery_receipts dropped and built again
-  afterwards (each as the schema defines it, statistics targets included), then ``VACUUM
-  ANALYZE`` and ``CHECKPOINT``.
+  ``--queued`` ready no-op jobs round-robin over p0..p3 in pool bench, ids given in that
+  order. Loaded (``bulk_load``) with what every row would otherwise pay for taken off the
+  bulk tables (DROPPED: their primary, unique and foreign keys, the foreign keys that
+  reference them, their other indexes, their INSERT triggers), in chunks of HISTORY_CHUNK
+  jobs on LOAD_CONNECTIONS connections at once; then each index built again as the schema
+  defines it (statistics targets included; on both connections), the keys attached to their
+  indexes, the foreign keys added NOT VALID and validated (one anti-join each), the triggers
+  enabled, ``VACUUM ANALYZE`` (both connections) and ``CHECKPOINT``. Every constraint, index
+  and trigger of the schema is compared before and after (SCHEMA_OBJECTS): a difference
+  fails the build. Seconds of each phase, and of each index, are in the JSON's ``build``.
 * *Every waiting reason*, through the product's own transitions, after the bulk (so the
   newest ids: a filter that finds them reads past the whole queue when it scans by id):
   the holders first (a job of ``bounded``, of ``tight``, a deployment to ``production``, a
@@ -63,9 +69,10 @@ from pgdispatch.sql import accounts, config, db, explain, reads, transitions
 
 from .common import (bench_server, create_database, git_commit, machine, percentile,
                      server_settings, template_database)
-from .latency import CONSOLE_PASSWORD, CONSOLE_USER, INSERT_HISTORY, Console, HISTORY_DAYS
+from .latency import (ADVANCE_JOB_IDS, CONSOLE_PASSWORD, CONSOLE_USER, HISTORY_DAYS,
+                      INSERT_HISTORY, NEXT_JOB_ID, Console)
 
-HISTORY_CHUNK = 1_000_000
+HISTORY_CHUNK = 500_000
 WARMUP = 2
 MIN_CALLS = 3
 SLOW_MS = 100.0
@@ -121,26 +128,71 @@ name = "staging"
 name = "canary"
 """
 
+# Ready no-op jobs as pgd_submit writes them, ids %(first_id)s + g given (see INSERT_HISTORY).
 INSERT_QUEUED = """
-INSERT INTO jobs (project_id, pool_id, state, command, submitted_by)
-SELECT (%(project_ids)s::bigint[])[1 + g %% cardinality(%(project_ids)s::bigint[])],
+INSERT INTO jobs (id, project_id, pool_id, state, command, submitted_by)
+OVERRIDING SYSTEM VALUE
+SELECT %(first_id)s::bigint + g,
+       (%(project_ids)s::bigint[])[1 + g %% cardinality(%(project_ids)s::bigint[])],
        %(pool_id)s, 'queued', ARRAY['true'], 'bench'
-  FROM generate_series(0, %(jobs)s::bigint - 1) AS g
+  FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS g
 """
-BULK_TABLES = ("jobs", "attempts", "delivery_receipts")
-# The secondary indexes of the bulk tables (not those behind a constraint: the primary and
-# unique keys stay, so the foreign keys are checked as they would be), with their columns'
-# statistics targets: dropped before the bulk load and built again after it.
-SECONDARY_INDEXES = """
-SELECT i.indexrelid::regclass::text AS name, pg_get_indexdef(i.indexrelid) AS definition,
+QUEUED_CHUNK = 500_000
+LOAD_CONNECTIONS = 2
+BULK_TABLES = ["jobs", "attempts", "delivery_receipts"]
+# What the load takes off the bulk tables, each with what builds it again: their primary,
+# unique and foreign keys (and the foreign keys of other tables that reference them: a key
+# cannot go while one does), their other indexes with their columns' statistics targets,
+# and their triggers that fire on INSERT. Rows in build order: indexes (a key's too), keys.
+DROPPED = """
+SELECT 'key' AS kind, c.conrelid::regclass::text AS table_name, c.conname AS name,
+       c.contype::text AS contype, pg_get_constraintdef(c.oid) AS definition,
+       pg_get_indexdef(c.conindid) AS index_definition, c.conindid::regclass::text AS index_name,
+       ARRAY[]::text[] AS statistics
+  FROM pg_constraint c
+ WHERE c.contype IN ('p', 'u') AND c.conrelid = ANY (%(tables)s::regclass[])
+UNION ALL
+SELECT 'foreign key', c.conrelid::regclass::text, c.conname, 'f', pg_get_constraintdef(c.oid),
+       NULL, NULL, ARRAY[]::text[]
+  FROM pg_constraint c
+ WHERE c.contype = 'f'
+   AND (c.conrelid = ANY (%(tables)s::regclass[]) OR c.confrelid = ANY (%(tables)s::regclass[]))
+UNION ALL
+SELECT 'index', i.indrelid::regclass::text, i.indexrelid::regclass::text, NULL,
+       pg_get_indexdef(i.indexrelid), NULL, NULL,
        ARRAY(SELECT a.attnum || ':' || a.attstattarget FROM pg_attribute a
               WHERE a.attrelid = i.indexrelid AND a.attstattarget IS NOT NULL
-                AND a.attstattarget >= 0) AS statistics
+                AND a.attstattarget >= 0)
   FROM pg_index i
- WHERE i.indrelid = ANY (ARRAY['jobs', 'attempts', 'delivery_receipts']::regclass[])
+ WHERE i.indrelid = ANY (%(tables)s::regclass[])
    AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conindid = i.indexrelid)
+UNION ALL
+SELECT 'trigger', t.tgrelid::regclass::text, t.tgname, NULL, NULL, NULL, NULL, ARRAY[]::text[]
+  FROM pg_trigger t
+ WHERE t.tgrelid = ANY (%(tables)s::regclass[]) AND NOT t.tgisinternal
+   AND t.tgtype & 4 <> 0 AND t.tgenabled <> 'D'
+"""
+# Every constraint, index and user trigger of the schema, as text: the same before the load
+# and after it, or the build fails (the bench would measure another schema than the product's).
+SCHEMA_OBJECTS = """
+SELECT format('constraint %s %s: %s', c.conrelid::regclass, c.conname,
+              pg_get_constraintdef(c.oid)) AS item
+  FROM pg_constraint c WHERE c.connamespace = current_schema()::regnamespace
+UNION ALL
+SELECT format('index %s: %s%s statistics %s', i.indexrelid::regclass,
+              pg_get_indexdef(i.indexrelid), CASE WHEN NOT i.indisvalid THEN ' INVALID' END,
+              ARRAY(SELECT a.attnum || ':' || a.attstattarget FROM pg_attribute a
+                     WHERE a.attrelid = i.indexrelid AND a.attstattarget IS NOT NULL))
+  FROM pg_index i JOIN pg_class r ON r.oid = i.indrelid
+ WHERE r.relnamespace = current_schema()::regnamespace
+UNION ALL
+SELECT format('trigger %s %s: enabled %s', t.tgrelid::regclass, t.tgname, t.tgenabled)
+  FROM pg_trigger t JOIN pg_class r ON r.oid = t.tgrelid
+ WHERE r.relnamespace = current_schema()::regnamespace AND NOT t.tgisinternal
  ORDER BY 1
 """
+LOAD_SETTINGS = ("SET synchronous_commit = off", "SET work_mem = '512MB'",
+                 "SET maintenance_work_mem = '1GB'", "SET max_parallel_maintenance_workers = 0")
 
 
 def _ids(conn, table: str) -> dict[str, int]:
@@ -160,42 +212,144 @@ def _runners(conn) -> dict[str, int]:
         "SELECT id, name FROM runners WHERE stopped_at IS NULL AND name LIKE 'console-%%'")}
 
 
-def bulk_load(conn, *, history: int, queued: int, progress: Callable[[str], None]) -> dict[str, Any]:
-    """The history and the queue (see module doc), indexes dropped and built again; seconds."""
+def schema_objects(conn) -> list[str]:
+    """SCHEMA_OBJECTS: one line per constraint, index and user trigger of the schema."""
+    return [r["item"] for r in conn.execute(SCHEMA_OBJECTS)]
+
+
+def on_connections(url: str, statements: list[tuple[str, dict[str, Any] | None]], *,
+                   done: Callable[[int], None] | None = None) -> list[float]:
+    """Run ``statements`` (sql, params), each in its own transaction, on LOAD_CONNECTIONS
+    connections at once (each takes the next one as it finishes; LOAD_SETTINGS first), and
+    call ``done(index)`` after each. Returns each statement's seconds, in order; the first
+    error is raised once every connection stopped."""
+    import queue
+    import threading
+
+    todo: queue.Queue[int] = queue.Queue()
+    for i in range(len(statements)):
+        todo.put(i)
+    seconds = [0.0] * len(statements)
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        try:
+            with db.connect(url, application_name="bench-console-load",
+                            statement_deadline_seconds=None) as conn:
+                for setting in LOAD_SETTINGS:
+                    conn.execute(setting)
+                while not errors:
+                    try:
+                        i = todo.get_nowait()
+                    except queue.Empty:
+                        return
+                    t = time.monotonic()
+                    conn.execute(*statements[i])
+                    seconds[i] = time.monotonic() - t
+                    if done:
+                        with lock:
+                            done(i)
+        except BaseException as exc:  # noqa: BLE001 - raised by the caller below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(min(LOAD_CONNECTIONS, len(statements)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return seconds
+
+
+def bulk_load(conn, url: str, *, history: int, queued: int,
+              progress: Callable[[str], None]) -> dict[str, Any]:
+    """The history and the queue (see module doc), loaded with the bulk tables' keys, indexes
+    and INSERT triggers taken off (DROPPED), in chunks on LOAD_CONNECTIONS connections, then
+    everything built again as it was (SCHEMA_OBJECTS compared: RuntimeError if it differs).
+    Returns each phase's seconds and what was rebuilt."""
     projects, pools = _ids(conn, "projects"), _ids(conn, "pools")
     old_runner = transitions.register_runner(conn, name="bench-history", pools=["bench"], slots=1)
     transitions.stop_runner(conn, runner_id=old_runner)
-    indexes = list(conn.execute(SECONDARY_INDEXES))
-    for ix in indexes:
-        conn.execute(f"DROP INDEX {ix['name']}")
+    before = schema_objects(conn)
+    dropped = list(conn.execute(DROPPED, {"tables": BULK_TABLES}))
+    by_kind = {k: [d for d in dropped if d["kind"] == k] for k in ("key", "foreign key", "index", "trigger")}
+    for d in by_kind["trigger"]:
+        conn.execute(f"ALTER TABLE {d['table_name']} DISABLE TRIGGER {d['name']}")
+    for kind in ("foreign key", "key"):
+        for d in by_kind[kind]:
+            conn.execute(f"ALTER TABLE {d['table_name']} DROP CONSTRAINT {d['name']}")
+    for d in by_kind["index"]:
+        conn.execute(f"DROP INDEX {d['name']}")
     started = time.monotonic()
     bulk_ids = [projects[p] for p in BULK_PROJECTS]
-    for first in range(0, history, HISTORY_CHUNK):
-        last = min(history, first + HISTORY_CHUNK) - 1
-        conn.execute(INSERT_HISTORY, {"project_ids": bulk_ids, "pool_id": pools["bench"],
-                                      "runner_id": old_runner, "first": first, "last": last,
-                                      "total": history, "days": HISTORY_DAYS})
-        progress(f"history {last + 1:,} of {history:,} ({time.monotonic() - started:.0f} s)")
-    history_s = time.monotonic() - started
-    conn.execute(INSERT_QUEUED, {"project_ids": bulk_ids, "pool_id": pools["bench"], "jobs": queued})
-    queued_s = time.monotonic() - started - history_s
-    progress(f"queued {queued:,} ({queued_s:.0f} s); building {len(indexes)} indexes")
-    conn.execute("SET maintenance_work_mem = '1GB'")
-    built = time.monotonic()
-    for ix in indexes:
-        conn.execute(ix["definition"])
-        for entry in ix["statistics"]:
+    first_id = conn.execute(NEXT_JOB_ID).fetchone()["id"]
+    chunks: list[tuple[str, dict[str, Any] | None]] = [
+        (INSERT_HISTORY, {"project_ids": bulk_ids, "pool_id": pools["bench"], "runner_id": old_runner,
+                          "first": first, "last": min(history, first + HISTORY_CHUNK) - 1,
+                          "total": history, "days": HISTORY_DAYS, "first_id": first_id})
+        for first in range(0, history, HISTORY_CHUNK)]
+    chunks += [(INSERT_QUEUED, {"project_ids": bulk_ids, "pool_id": pools["bench"],
+                                "first": first, "last": min(queued, first + QUEUED_CHUNK) - 1,
+                                "first_id": first_id + history})
+               for first in range(0, queued, QUEUED_CHUNK)]
+    loaded = [0]
+
+    def chunk_done(i: int) -> None:
+        loaded[0] += 1
+        progress(f"chunk {loaded[0]} of {len(chunks)} ({time.monotonic() - started:.0f} s)")
+
+    on_connections(url, chunks, done=chunk_done)
+    conn.execute(ADVANCE_JOB_IDS)
+    insert_s = time.monotonic() - started
+    # the indexes, a key's too (attached below), largest tables first
+    order = {t: n for n, t in enumerate(BULK_TABLES)}
+    builds = sorted(by_kind["key"] + by_kind["index"], key=lambda d: order.get(d["table_name"], 9))
+    progress(f"loaded ({insert_s:.0f} s); building {len(builds)} indexes")
+    t = time.monotonic()
+    index_seconds = on_connections(url, [(d["index_definition"] or d["definition"], None) for d in builds])
+    for d in builds:
+        for entry in d["statistics"]:
             attnum, target = entry.split(":")
-            conn.execute(f"ALTER INDEX {ix['name']} ALTER COLUMN {int(attnum)} SET STATISTICS {int(target)}")
-    index_s = time.monotonic() - built
-    progress(f"indexes built ({index_s:.0f} s); vacuum")
-    vacuumed = time.monotonic()
-    for table in BULK_TABLES:
-        conn.execute(f"VACUUM ANALYZE {table}")
+            conn.execute(f"ALTER INDEX {d['name']} ALTER COLUMN {int(attnum)} SET STATISTICS {int(target)}")
+    for d in by_kind["key"]:
+        if d["index_name"] != d["name"]:
+            raise RuntimeError(f"console bench: key {d['name']} has index {d['index_name']}")
+        kind = "PRIMARY KEY" if d["contype"] == "p" else "UNIQUE"
+        conn.execute(f"ALTER TABLE {d['table_name']} ADD CONSTRAINT {d['name']} {kind} USING INDEX {d['name']}")
+    index_s = time.monotonic() - t
+    progress(f"indexes built ({index_s:.0f} s); foreign keys")
+    # a foreign key added NOT VALID at once, then validated (one anti-join each) on both
+    # connections: VALIDATE locks the referencing table only against schema changes
+    t = time.monotonic()
+    validate = []
+    for d in by_kind["foreign key"]:
+        valid = not d["definition"].endswith("NOT VALID")
+        conn.execute(f"ALTER TABLE {d['table_name']} ADD CONSTRAINT {d['name']} {d['definition']}"
+                     + (" NOT VALID" if valid else ""))
+        if valid:
+            validate.append((f"ALTER TABLE {d['table_name']} VALIDATE CONSTRAINT {d['name']}", None))
+    on_connections(url, validate)
+    for d in by_kind["trigger"]:
+        conn.execute(f"ALTER TABLE {d['table_name']} ENABLE TRIGGER {d['name']}")
+    foreign_s = time.monotonic() - t
+    progress(f"foreign keys validated ({foreign_s:.0f} s); vacuum")
+    t = time.monotonic()
+    on_connections(url, [(f"VACUUM ANALYZE {table}", None) for table in BULK_TABLES])
+    vacuum_s = time.monotonic() - t
+    t = time.monotonic()
     conn.execute("CHECKPOINT")
-    return {"history_insert_seconds": history_s, "queued_insert_seconds": queued_s,
-            "index_build_seconds": index_s, "vacuum_seconds": time.monotonic() - vacuumed,
-            "indexes_rebuilt": [ix["name"] for ix in indexes]}
+    checkpoint_s = time.monotonic() - t
+    after = schema_objects(conn)
+    if after != before:
+        raise RuntimeError("console bench: the schema after the load differs: "
+                           f"lost {sorted(set(before) - set(after))}, new {sorted(set(after) - set(before))}")
+    return {"insert_seconds": insert_s, "index_build_seconds": index_s,
+            "index_seconds": {d["name"]: s for d, s in zip(builds, index_seconds)},
+            "foreign_key_seconds": foreign_s, "vacuum_seconds": vacuum_s,
+            "checkpoint_seconds": checkpoint_s,
+            "rebuilt": {k: [d["name"] for d in v] for k, v in by_kind.items()}}
 
 
 def add_waiting(conn) -> None:
@@ -251,7 +405,7 @@ def build(url: str, *, history: int, queued: int, progress: Callable[[str], None
         config.apply_config(conn, CONFIG, actor="bench", env={})
         accounts.upsert_user(conn, username=CONSOLE_USER, password=CONSOLE_PASSWORD, role="viewer")
         started = time.monotonic()
-        loaded = bulk_load(conn, history=history, queued=queued, progress=progress)
+        loaded = bulk_load(conn, url, history=history, queued=queued, progress=progress)
         add_waiting(conn)
         transitions.summarize_queue(conn)
         counts = conn.execute("""SELECT (SELECT count(*) FROM jobs) AS jobs,

@@ -73,6 +73,9 @@ CONSOLE_PASSWORD = "bench-viewer-password"
 # twice, max_attempts 2; k = 3..7: failed once then succeeded; else succeeded at once).
 # Attempt n is claimed 1 s + 3 s * (n - 1) after the job's creation and runs 1 s; its receipt
 # (key "<claim token>:complete", response as pgd_complete builds it) is written when it ends.
+# Job g's id is %(first_id)s + g (given, not drawn from the identity: chunks loaded on several
+# connections at once keep ids in creation order); the caller moves the identity past them
+# afterwards (ADVANCE_JOB_IDS).
 INSERT_HISTORY = """
 WITH src AS (
     SELECT g, c.t, o.final, o.tries
@@ -84,10 +87,11 @@ WITH src AS (
                            CASE WHEN g %% 100 = 0 THEN 0 WHEN g %% 100 < 8 THEN 2 ELSE 1 END
                    ) AS o(final, tries)
 ), j AS (
-    INSERT INTO jobs (project_id, pool_id, state, command, submitted_by, max_attempts,
+    INSERT INTO jobs (id, project_id, pool_id, state, command, submitted_by, max_attempts,
                       attempts_made, failures, generation, created_at, ready_at, started_at,
                       finished_at, last_error, cancel_requested_at, cancel_requested_by)
-    SELECT (%(project_ids)s::bigint[])[1 + g %% cardinality(%(project_ids)s::bigint[])],
+    OVERRIDING SYSTEM VALUE
+    SELECT %(first_id)s::bigint + g, (%(project_ids)s::bigint[])[1 + g %% cardinality(%(project_ids)s::bigint[])],
            %(pool_id)s, final, ARRAY['true'], 'bench', greatest(tries, 1), tries,
            CASE WHEN final = 'failed' THEN 2 WHEN tries = 2 THEN 1 ELSE 0 END, tries,
            t, t + interval '3 seconds' * greatest(tries - 1, 0),
@@ -130,6 +134,14 @@ SELECT (%(project_ids)s::bigint[])[1 + g %% cardinality(%(project_ids)s::bigint[
   FROM generate_series(1, %(jobs)s::bigint) AS g
 """
 
+# The first id a bulk load may give (ids above every job's and the identity's last value),
+# and the identity moved past the ids a load gave.
+NEXT_JOB_ID = """
+SELECT greatest((SELECT max(id) FROM jobs),
+                (SELECT last_value FROM pg_sequences
+                  WHERE schemaname = current_schema() AND sequencename = 'jobs_id_seq'), 0) + 1 AS id
+"""
+ADVANCE_JOB_IDS = "SELECT setval(pg_get_serial_sequence('jobs', 'id'), max(id)) FROM jobs"
 COUNT_QUEUED = "SELECT count(*) AS n FROM jobs WHERE state = 'queued'"
 NEWEST_QUEUED = "SELECT max(id) AS id FROM jobs WHERE state = 'queued'"
 ROW_COUNTS = """
@@ -160,12 +172,14 @@ def add_history(conn, *, rows: int, project_ids: list[int], pool_id: int, runner
     """Insert ``rows`` finished jobs with their attempts and delivery receipts (see
     INSERT_HISTORY), ``chunk`` jobs per statement, each statement its own transaction."""
     started = time.monotonic()
+    first_id = conn.execute(NEXT_JOB_ID).fetchone()["id"]
     for first in range(0, rows, chunk):
         last = min(rows, first + chunk) - 1
         conn.execute(INSERT_HISTORY, {"project_ids": project_ids, "pool_id": pool_id,
                                       "runner_id": runner_id, "first": first, "last": last,
-                                      "total": rows, "days": HISTORY_DAYS})
+                                      "total": rows, "days": HISTORY_DAYS, "first_id": first_id})
         progress(f"history jobs {last + 1:,} of {rows:,} ({time.monotonic() - started:.0f} s)")
+    conn.execute(ADVANCE_JOB_IDS)
 
 
 def vacuum(conn, tables: Sequence[str] = VACUUMED) -> float:

@@ -165,10 +165,42 @@ SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
  ORDER BY j.id
  LIMIT :limit;
 
--- name: list_waiting_jobs_by_age
--- As list_waiting_jobs, longest waiting first: by waiting since (pgd_waiting_since), then
--- id, keyset-paginated after (:after_since, :after_id) (NULL: from the start). The waiting jobs are read and the
--- first :limit kept (a top-N sort; no index orders them by that time). Read-only.
+-- name: list_waiting_jobs_of_pairs_by_age
+-- As list_waiting_jobs_of_pairs, longest waiting first: by waiting since (pgd_waiting_since),
+-- then id, keyset-paginated after (:after_since, :after_id) (:after_since NULL: from the
+-- start). One range of jobs_waiting_age_idx (project_id, pool_id, waiting since, id) per
+-- pair, each cut at :limit, then the first :limit of them all: a page costs pairs x :limit
+-- index entries, not a sort of every waiting job. pgd_waiting_since is inlined to the
+-- index's expression. Read-only.
+SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
+       j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval, j.approved_at, j.submitted_by,
+       j.pending_dependencies, j.failures, j.max_attempts, j.target_id, j.pool_id, j.project_id,
+       j.command, p.name AS project, o.id AS organization_id, o.name AS organization,
+       q.name AS pool, t.name AS target
+  FROM unnest(CAST(:project_ids AS bigint[]), CAST(:pool_ids AS bigint[])) AS u (project_id, pool_id)
+ CROSS JOIN LATERAL (
+       SELECT x.id, pgd_waiting_since(x.state, x.ready_at, x.created_at) AS waiting_since
+         FROM jobs x
+        WHERE x.state IN ('blocked', 'queued', 'uncertain')
+          AND x.project_id = u.project_id AND x.pool_id = u.pool_id
+          -- from the start when no cursor: every waiting since is after -infinity
+          AND (pgd_waiting_since(x.state, x.ready_at, x.created_at), x.id)
+              > (coalesce(CAST(:after_since AS timestamptz), '-infinity'),
+                 coalesce(CAST(:after_id AS bigint), 0))
+        ORDER BY pgd_waiting_since(x.state, x.ready_at, x.created_at), x.id LIMIT :limit) page
+  JOIN jobs j ON j.id = page.id
+  JOIN projects p ON p.id = j.project_id
+  JOIN organizations o ON o.id = p.organization_id
+  JOIN pools q ON q.id = j.pool_id
+  LEFT JOIN targets t ON t.id = j.target_id
+ ORDER BY page.waiting_since, j.id
+ LIMIT :limit;
+
+-- name: list_waiting_special_jobs_by_age
+-- As list_waiting_special_jobs, longest waiting first, keyset-paginated after
+-- (:after_since, :after_id) as list_waiting_jobs_of_pairs_by_age: the jobs of
+-- jobs_waiting_special_idx (few: a plain ready build has no entry) that pass the filters,
+-- sorted. Read-only.
 SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
        j.id, j.state, j.priority, j.ready_at, j.created_at, j.requires_approval, j.approved_at, j.submitted_by,
        j.pending_dependencies, j.failures, j.max_attempts, j.target_id, j.pool_id, j.project_id,
@@ -180,13 +212,14 @@ SELECT pgd_waiting_since(j.state, j.ready_at, j.created_at) AS waiting_since,
   JOIN pools q ON q.id = j.pool_id
   LEFT JOIN targets t ON t.id = j.target_id
  WHERE j.state IN ('blocked', 'queued', 'uncertain')
-   AND (CAST(:after_since AS timestamptz) IS NULL
-        OR (pgd_waiting_since(j.state, j.ready_at, j.created_at), j.id)
-           > (CAST(:after_since AS timestamptz), CAST(:after_id AS bigint)))
-   AND (CAST(:organization AS text) IS NULL OR o.name = :organization)
-   AND (CAST(:project AS text) IS NULL OR p.name = :project)
-   AND (CAST(:pool AS text) IS NULL OR q.name = :pool)
-   AND (CAST(:target AS text) IS NULL OR t.name = :target)
+   AND (j.state <> 'queued' OR j.target_id IS NOT NULL OR j.ready_at > j.created_at
+        OR j.pending_dependencies > 0 OR j.requires_approval)
+   AND (pgd_waiting_since(j.state, j.ready_at, j.created_at), j.id)
+       > (coalesce(CAST(:after_since AS timestamptz), '-infinity'),
+          coalesce(CAST(:after_id AS bigint), 0))
+   AND (CAST(:project_ids AS bigint[]) IS NULL OR j.project_id = ANY (CAST(:project_ids AS bigint[])))
+   AND (CAST(:pool_id AS bigint) IS NULL OR j.pool_id = :pool_id)
+   AND (CAST(:target_id AS bigint) IS NULL OR j.target_id = :target_id)
  ORDER BY 1, j.id
  LIMIT :limit;
 
@@ -288,9 +321,10 @@ SELECT now() AS now, set_config('plan_cache_mode', 'force_custom_plan', true) AS
 -- order) or of one (one range of jobs_state_idx (state, id), backward for the newest, forward
 -- after :after_id; the state is matched as a range for the reason list_recent_jobs_in_state
 -- gives: only then is jobs_state_idx the index that yields the order). Each branch stops at
--- :limit matches and one-time filters on the parameters skip the three others; the holders of
--- a capacity (state running and an organization, project, pool, target or runner) are one
--- range as long as the running jobs. The page's ids first, then their names, latest attempt
+-- :limit matches and one-time filters on the parameters skip the others; the holders of
+-- a capacity (state running and an organization, project, pool or target) are one
+-- range as long as the running jobs. With :runner_id, the branches of that runner's attempts
+-- instead (newest or oldest first, and its running ones). The page's ids first, then their names, latest attempt
 -- and runner for those rows only. Planned with its values (begin_job_list). Read-only.
 WITH page AS (
     (SELECT j.id FROM jobs j
@@ -298,18 +332,14 @@ WITH page AS (
         AND j.id < :before_id
         AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
                                :younger_than_seconds)
-        AND (CAST(:runner_id AS bigint) IS NULL
-             OR (SELECT a.runner_id FROM attempts a WHERE a.job_id = j.id
-                  ORDER BY a.attempt_no DESC LIMIT 1) = :runner_id)
+        AND CAST(:runner_id AS bigint) IS NULL
       ORDER BY j.id DESC LIMIT :limit)
     UNION ALL
     (SELECT j.id FROM jobs j
       WHERE CAST(:state AS text) IS NULL AND j.id > :after_id AND j.id < :before_id
         AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
                                :younger_than_seconds)
-        AND (CAST(:runner_id AS bigint) IS NULL
-             OR (SELECT a.runner_id FROM attempts a WHERE a.job_id = j.id
-                  ORDER BY a.attempt_no DESC LIMIT 1) = :runner_id)
+        AND CAST(:runner_id AS bigint) IS NULL
       ORDER BY j.id LIMIT :limit)
     UNION ALL
     (SELECT j.id FROM jobs j
@@ -317,9 +347,7 @@ WITH page AS (
         AND j.state >= :state AND j.state <= :state AND j.id < :before_id
         AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
                                :younger_than_seconds)
-        AND (CAST(:runner_id AS bigint) IS NULL
-             OR (SELECT a.runner_id FROM attempts a WHERE a.job_id = j.id
-                  ORDER BY a.attempt_no DESC LIMIT 1) = :runner_id)
+        AND CAST(:runner_id AS bigint) IS NULL
       ORDER BY j.state DESC, j.id DESC LIMIT :limit)
     UNION ALL
     (SELECT j.id FROM jobs j
@@ -327,10 +355,39 @@ WITH page AS (
         AND j.id > :after_id AND j.id < :before_id
         AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
                                :younger_than_seconds)
-        AND (CAST(:runner_id AS bigint) IS NULL
-             OR (SELECT a.runner_id FROM attempts a WHERE a.job_id = j.id
-                  ORDER BY a.attempt_no DESC LIMIT 1) = :runner_id)
+        AND CAST(:runner_id AS bigint) IS NULL
       ORDER BY j.state, j.id LIMIT :limit)
+    UNION ALL
+    -- a runner's jobs (the runner of their latest attempt) are read from its attempts: the
+    -- finished ones by job id (attempts_runner_done_idx), the latest attempt of their job
+    -- only (no later one); a running job's latest attempt is the running one
+    -- (attempts_runner_idx: as many as its slots). The running ones never match a finished
+    -- attempt, so a runner's running jobs do not walk its history.
+    (SELECT a.job_id FROM attempts a JOIN jobs j ON j.id = a.job_id
+      WHERE CAST(:after_id AS bigint) IS NULL AND CAST(:state AS text) IS DISTINCT FROM 'running'
+        AND a.runner_id = :runner_id AND a.state <> 'running' AND a.job_id < :before_id
+        AND NOT EXISTS (SELECT 1 FROM attempts b WHERE b.job_id = a.job_id AND b.attempt_no > a.attempt_no)
+        AND (CAST(:state AS text) IS NULL OR j.state = :state)
+        AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
+                               :younger_than_seconds)
+      ORDER BY a.job_id DESC LIMIT :limit)
+    UNION ALL
+    (SELECT a.job_id FROM attempts a JOIN jobs j ON j.id = a.job_id
+      WHERE CAST(:state AS text) IS DISTINCT FROM 'running'
+        AND a.runner_id = :runner_id AND a.state <> 'running'
+        AND a.job_id > :after_id AND a.job_id < :before_id
+        AND NOT EXISTS (SELECT 1 FROM attempts b WHERE b.job_id = a.job_id AND b.attempt_no > a.attempt_no)
+        AND (CAST(:state AS text) IS NULL OR j.state = :state)
+        AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
+                               :younger_than_seconds)
+      ORDER BY a.job_id LIMIT :limit)
+    UNION ALL
+    (SELECT a.job_id FROM attempts a JOIN jobs j ON j.id = a.job_id
+      WHERE a.runner_id = :runner_id AND a.state = 'running'
+        AND a.job_id > coalesce(CAST(:after_id AS bigint), 0) AND a.job_id < :before_id
+        AND (CAST(:state AS text) IS NULL OR j.state = :state)
+        AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
+                               :younger_than_seconds))
 )
 SELECT j.id, j.state, j.priority, j.command, j.project_id, j.pool_id, j.target_id,
        p.name AS project, o.name AS organization, q.name AS pool, t.name AS target,
@@ -352,7 +409,9 @@ SELECT j.id, j.state, j.priority, j.command, j.project_id, j.pool_id, j.target_i
   LEFT JOIN LATERAL (SELECT x.attempt_no, x.runner_id, x.claimed_at FROM attempts x
                       WHERE x.job_id = j.id ORDER BY x.attempt_no DESC LIMIT 1) a ON true
   LEFT JOIN runners r ON r.id = a.runner_id
- ORDER BY CASE WHEN CAST(:after_id AS bigint) IS NULL THEN -j.id ELSE j.id END;
+ ORDER BY CASE WHEN CAST(:after_id AS bigint) IS NULL THEN -j.id ELSE j.id END
+ -- a runner's page: its finished jobs' branch and its running jobs' branch together
+ LIMIT :limit;
 
 -- name: probe_recent_jobs^
 -- The job search's first step (reads.search_jobs): of the newest :probe jobs below :before_id

@@ -95,9 +95,13 @@ def list_waiting(conn, *, after_id: int = 0, limit: int = 50, organization: str 
     filters = {"organization": organization, "project": project, "pool": pool, "target": target}
     source, ids = _waiting_source(world, reason=reason, **filters)
     while len(out) < limit and source is not None:
-        if sort == "oldest":
-            batch = list(Q.list_waiting_jobs_by_age(conn, after_since=since, after_id=cursor,
-                                                    limit=batch_size, **filters))
+        if sort == "oldest" and source == "special":
+            batch = list(Q.list_waiting_special_jobs_by_age(conn, after_since=since, after_id=cursor,
+                                                            limit=batch_size, **ids))
+        elif sort == "oldest":
+            batch = list(Q.list_waiting_jobs_of_pairs_by_age(
+                conn, after_since=since, after_id=cursor, limit=batch_size,
+                **(ids if source == "pairs" else _every_pair(world))))
         elif source == "special":
             batch = list(Q.list_waiting_special_jobs(conn, after_id=cursor, limit=batch_size, **ids))
         elif source == "pairs":
@@ -169,6 +173,13 @@ def _waiting_source(world, *, reason: str | None, organization: str | None, proj
     if not pairs:
         return None, {}
     return "pairs", {"project_ids": [p for p, _ in pairs], "pool_ids": [q for _, q in pairs]}
+
+
+def _every_pair(world) -> dict[str, list[int]]:
+    """Every (project, pool) pair of ``world``, as list_waiting_jobs_of_pairs takes them: the
+    candidates of the whole queue longest waiting first (jobs_waiting_age_idx is by pair)."""
+    pairs = [(p, q) for p in world.projects for q in world.pools]
+    return {"project_ids": [p for p, _ in pairs], "pool_ids": [q for _, q in pairs]}
 
 
 @transition("overview")

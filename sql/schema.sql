@@ -243,6 +243,13 @@ CREATE INDEX jobs_waiting_idx ON jobs (id) INCLUDE (project_id, pool_id)
 -- can match (reads.list_waiting), not every waiting job.
 CREATE INDEX jobs_waiting_pair_idx ON jobs (project_id, pool_id, id)
     WHERE state IN ('blocked', 'queued', 'uncertain');
+-- The waiting jobs of one (project, pool) by how long they have waited (pgd_waiting_since,
+-- sql/functions/summaries.sql, written out: an index expression must not change under its
+-- entries), then id: the queue longest waiting first reads one range per pair
+-- (list_waiting_jobs_of_pairs_by_age) instead of sorting every waiting job.
+CREATE INDEX jobs_waiting_age_idx ON jobs
+    (project_id, pool_id, (CASE WHEN state = 'blocked' THEN created_at ELSE ready_at END), id)
+    WHERE state IN ('blocked', 'queued', 'uncertain');
 -- The waiting jobs that can have a reason of their own (blocked, uncertain, a deployment,
 -- delayed: ready later than created), by id: the queue's dependency, approval, delay and
 -- target reasons and its target filter read these only. A plain ready build has no entry.
@@ -254,6 +261,10 @@ CREATE INDEX jobs_active_idx ON jobs (project_id) WHERE state IN ('running', 'un
 CREATE INDEX jobs_finished_idx ON jobs (finished_at) WHERE finished_at IS NOT NULL;
 -- The jobs list's target filter: one target's jobs by id (deployments only).
 CREATE INDEX jobs_target_idx ON jobs (target_id, id) WHERE target_id IS NOT NULL;
+-- The jobs list's pool filter: one pool's jobs by id. A full index (a rare pool's jobs are
+-- otherwise found by walking jobs_pkey through the whole history: 4.7 s at 11M jobs); its
+-- write cost per job is in docs/benchmarks.md, "Console at scale".
+CREATE INDEX jobs_pool_idx ON jobs (pool_id, id);
 -- The Jobs page and `jobs list`: newest first within a state, keyset by id.
 CREATE INDEX jobs_state_idx ON jobs (state, id);
 -- One job per (project, idempotency key); partial, so unkeyed jobs add no entry. pgd_submit's
@@ -344,6 +355,10 @@ CREATE UNIQUE INDEX attempts_one_running_per_job ON attempts (job_id) WHERE stat
 -- The expiry pass scans only running attempts by lease.
 CREATE INDEX attempts_lease_idx ON attempts (lease_expires_at) WHERE state = 'running';
 CREATE INDEX attempts_runner_idx ON attempts (runner_id) WHERE state = 'running';
+-- A runner's ended attempts by job: the jobs list's runner filter (list_jobs; its running
+-- ones are attempts_runner_idx's). Partial: an entry when an attempt ends, none for its
+-- claim or its heartbeats (each a new row version of a running attempt).
+CREATE INDEX attempts_runner_done_idx ON attempts (runner_id, job_id) WHERE state <> 'running';
 
 -- Claim tokens voided by a recovery (pgd_recover_claims, sql/functions/claim.sql): a claim
 -- that carries one of them fails at its last step, so nothing of it commits. Written only

@@ -178,3 +178,146 @@ def test_the_job_list_filters_are_inlined_into_index_reads(conn, queue):
         assert "pgd_job_list_match" not in text, text
         assert index in {n.get("Index Name") for n in plan_nodes(plan)}, (filters, text)
         assert reads.list_jobs(c, **filters)["jobs"], filters
+
+
+def listed_by_age(conn, *, limit, **kw):
+    """Every page of list_waiting longest waiting first, followed by its cursor."""
+    out, after, since = [], 0, None
+    while True:
+        page = reads.list_waiting(conn, after_id=after, after_since=since, limit=limit,
+                                  sort="oldest", **kw)
+        out += [(j["waiting_since"], j["id"]) for j in page["jobs"]]
+        if page["next_after_id"] is None:
+            return out
+        after, since = page["next_after_id"], page["next_after_since"]
+
+
+def test_longest_waiting_first_lists_what_a_walk_sorted_by_waiting_since_lists(conn, queue):
+    """sort "oldest": every reason and filter, paged, is the walk's list sorted by
+    (waiting since, id)."""
+    for code in (None, "ready", "approval_required", "retry_delayed", "capacity_project",
+                 "target_held", "pool_paused"):
+        for filters in FILTERS:
+            walk = {j["id"]: j["waiting_since"] for j in Q.list_waiting_jobs(
+                conn, after_id=0, limit=100000,
+                **{k: filters.get(k) for k in ("organization", "project", "pool", "target")})}
+            want = sorted((walk[i], i) for i in expected(conn, reason=code, **filters))
+            for limit in (2, 50):
+                assert listed_by_age(conn, limit=limit, reason=code, **filters) == want, (code, filters, limit)
+
+
+def test_longest_waiting_first_reads_one_age_range_per_pair(conn, queue):
+    """The queue longest waiting first, with 20,000 plain waiting jobs: one range of
+    jobs_waiting_age_idx per pair cut at the page, no sort of every waiting job (before 0019
+    a Sort of all of them under the LIMIT)."""
+    c = conn
+    quiet_autovacuum(c)
+    web, linux = c.execute("SELECT p.id AS p, q.id AS q FROM projects p, pools q "
+                           "WHERE p.name = 'web' AND q.name = 'linux'").fetchone().values()
+    c.execute("INSERT INTO jobs (project_id, pool_id, state, command) "
+              "SELECT %s, %s, 'queued', ARRAY['true'] FROM generate_series(1, 20000)", (web, linux))
+    analyze_all(c)
+    pin_planner(c)
+    world = read_world(c)
+    pairs = reads._every_pair(world)
+    for after_since in (None, "2000-01-01T00:00:00Z"):
+        plan = c.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q.list_waiting_jobs_of_pairs_by_age.sql,
+                         dict(pairs, after_since=after_since, after_id=0, limit=50)
+                         ).fetchone()["QUERY PLAN"][0]["Plan"]
+        nodes = list(plan_nodes(plan))
+        on_jobs = {n.get("Index Name") for n in nodes if n.get("Relation Name") == "jobs"}
+        assert on_jobs == {"jobs_waiting_age_idx", "jobs_pkey"}, json.dumps(plan, indent=1)
+        # each pair's range stops at the page: at most 50 entries a pair, never the 20,000
+        assert max(n["Actual Rows"] / max(n.get("Actual Loops", 1), 1) for n in nodes
+                   if n.get("Index Name") == "jobs_waiting_age_idx") <= 50, json.dumps(plan, indent=1)
+    assert len(reads.list_waiting(c, sort="oldest")["jobs"]) == 50
+
+
+def walked_jobs_of_runner(conn, runner_id):
+    """The ids of every job whose latest attempt is ``runner_id``'s, newest first."""
+    return [r["job_id"] for r in conn.execute(
+        "SELECT a.job_id FROM attempts a WHERE a.runner_id = %s AND NOT EXISTS "
+        "(SELECT 1 FROM attempts b WHERE b.job_id = a.job_id AND b.attempt_no > a.attempt_no) "
+        "ORDER BY a.job_id DESC", (runner_id,))]
+
+
+def paged_jobs(conn, *, limit, forward=False, **kw):
+    """Every page of list_jobs, followed by its cursor (newest first, or from after_id 0)."""
+    out, cursor = [], ({"after_id": 0} if forward else {})
+    while True:
+        page = reads.list_jobs(conn, limit=limit, **kw, **cursor)
+        out += [j["id"] for j in page["jobs"]]
+        if page["next"] is None:
+            return out
+        cursor = page["next"]
+
+
+def test_the_runner_filter_lists_the_jobs_of_its_latest_attempts(conn, queue, world):
+    """A runner's jobs: its running ones, its ended ones, not a job it ran first that another
+    runner took again; every page, either way, with the other filters."""
+    other = world.runner(pools=("linux",), slots=5, name="other")
+    main = conn.execute("SELECT id FROM runners WHERE name = 'main'").fetchone()["id"]
+    for _ in range(3):
+        world.job()
+        world.complete(world.claim(main))
+    # the retried job first in line (priority), run by main, then again by other
+    retried = world.job(max_attempts=2, priority=1000)["id"]
+    first = world.claim(main)
+    assert first.job_id == retried
+    world.complete(first, outcome="failed")
+    conn.execute("UPDATE jobs SET ready_at = now() WHERE id = %s", (retried,))
+    again = world.claim(other)
+    assert again.job_id == retried
+    world.complete(again)
+    world.job()
+    world.claim(main)  # running
+    for runner in (main, other):
+        want = walked_jobs_of_runner(conn, runner)
+        assert want, runner
+        for limit in (1, 2, 50):
+            assert paged_jobs(conn, limit=limit, runner_id=runner) == want, (runner, limit)
+            assert paged_jobs(conn, limit=limit, runner_id=runner, forward=True) == want[::-1]
+        for state in ("running", "succeeded", "uncertain", "queued"):
+            states = {r["id"]: r["state"] for r in conn.execute("SELECT id, state FROM jobs")}
+            assert paged_jobs(conn, limit=2, runner_id=runner, state=state) == \
+                [i for i in want if states[i] == state], (runner, state)
+    assert retried in walked_jobs_of_runner(conn, other)
+    assert retried not in walked_jobs_of_runner(conn, main)
+
+
+def test_the_pool_and_runner_filters_read_their_own_ranges(conn, queue):
+    """With 20,000 finished jobs of another pool and runner newer than theirs, a rare pool's
+    jobs are one range of jobs_pool_idx and a runner's one range of attempts_runner_done_idx
+    (before 0020 and 0021: jobs_pkey walked back through every job)."""
+    c = conn
+    quiet_autovacuum(c)
+    web, linux = c.execute("SELECT p.id AS p, q.id AS q FROM projects p, pools q "
+                           "WHERE p.name = 'web' AND q.name = 'linux'").fetchone().values()
+    busy = c.execute("SELECT id FROM runners WHERE name = 'busy'").fetchone()["id"]
+    main = c.execute("SELECT id FROM runners WHERE name = 'main'").fetchone()["id"]
+    c.execute("INSERT INTO jobs (project_id, pool_id, state, command, finished_at, attempts_made, generation) "
+              "SELECT %s, %s, 'succeeded', ARRAY['true'], now(), 1, 1 FROM generate_series(1, 20000)", (web, linux))
+    c.execute("INSERT INTO attempts (job_id, attempt_no, generation, runner_id, claim_token, state, "
+              "lease_expires_at, finished_at) SELECT id, 1, 1, %s, gen_random_uuid(), 'succeeded', now(), now() "
+              "FROM jobs WHERE state = 'succeeded'", (main,))
+    analyze_all(c)
+    pin_planner(c)
+    for filters, index in (({"pool": "small"}, "jobs_pool_idx"),
+                           ({"runner_id": busy}, "attempts_runner_idx"),
+                           ({"runner_id": busy}, "attempts_runner_done_idx")):
+        with c.transaction():
+            ids = reads._job_filter_ids(c, organization=None, project=None, pool=filters.get("pool"),
+                                        target=None, runner_id=filters.get("runner_id"))
+            Q.begin_job_list(c)
+            params = dict(state=None, project_ids=None, pool_id=ids["pool_id"], target_id=None,
+                          runner_id=ids["runner_id"], older_than_seconds=None,
+                          younger_than_seconds=None, before_id=reads.MAX_BIGINT, after_id=None,
+                          limit=50)
+            plan = c.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q.list_jobs.sql,
+                             params).fetchone()["QUERY PLAN"][0]["Plan"]
+        text = json.dumps(plan, indent=1)
+        nodes = list(plan_nodes(plan))
+        assert index in {n.get("Index Name") for n in nodes}, (filters, text)
+        # no walk: no node of the plan reads more than a few rows of the 20,000
+        assert max(n.get("Actual Rows", 0) + n.get("Rows Removed by Filter", 0) for n in nodes) < 100, (filters, text)
+        assert reads.list_jobs(c, **filters)["jobs"], filters

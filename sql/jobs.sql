@@ -360,7 +360,7 @@ WITH page AS (
     UNION ALL
     -- a runner's jobs (the runner of their latest attempt) are read from its attempts: the
     -- finished ones by job id (attempts_runner_done_idx), the latest attempt of their job
-    -- only (no later one); a running job's latest attempt is the running one
+    -- only (no later one), and a running job's latest attempt is the running one
     -- (attempts_runner_idx: as many as its slots). The running ones never match a finished
     -- attempt, so a runner's running jobs do not walk its history.
     (SELECT a.job_id FROM attempts a JOIN jobs j ON j.id = a.job_id

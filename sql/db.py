@@ -414,7 +414,7 @@ def in_transaction(conn: psycopg.Connection, fn: Callable[..., T], *args: Any,
     is a committed one). The row locks it takes are then held only while the server runs it,
     never across a round trip to a client that may be waiting for a CPU: on a busy
     organization that is what bounds how many claims per second its row admits
-    (docs/benchmarks.md, "One statement, no BEGIN/COMMIT").
+    (docs/design.md, "Design decisions, as measured": its first row).
 
     Raises:
         our exceptions (sql.errors) translated from database errors.

@@ -152,8 +152,7 @@ def test_the_database_refuses_a_heartbeat_lease_that_never_lapses(world):
         Q.heartbeat(world.conn, attempt_id=c.attempt_id, generation=c.generation,
                     lease_seconds=3e11, output_tail=None)
     world.conn.execute(variants.variant_sql(world.conn, "pgd_heartbeat", [(
-        "IF p_lease_seconds IS NULL OR NOT (p_lease_seconds > 0 AND p_lease_seconds <= 86400) THEN",
-        "IF false THEN")]))
+        "PERFORM pgd_check_lease_seconds(p_lease_seconds);", "")]))
     Q.heartbeat(world.conn, attempt_id=c.attempt_id, generation=c.generation,
                 lease_seconds=3e11, output_tail=None)
     assert year(world.conn, "SELECT lease_expires_at FROM attempts WHERE id = %s", (c.attempt_id,)) > 9999

@@ -414,7 +414,9 @@ def jobs_show(obj: Context, job_id: int, as_json: bool) -> None:
               help="Only waiting jobs with this reason code (any of their reasons: "
                    "approval_required, capacity_pool…; `jobs explain` names them), oldest first.")
 @click.option("--older-than", "older_than", type=FiniteFloatRange(0), default=None,
-              metavar="SECONDS", help="Only jobs created at least this long ago.")
+              metavar="SECONDS", help="Only jobs created at least this long ago; the list is "
+                                      "then in creation order (newest created first), --before "
+                                      "and --after at their jobs' places in it.")
 @click.option("--younger-than", "younger_than", type=FiniteFloatRange(0), default=None,
               metavar="SECONDS", help="Only jobs created less than this long ago.")
 @click.option("--limit", type=IntRange(1, 500), default=20, show_default=True)

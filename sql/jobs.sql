@@ -314,22 +314,40 @@ SELECT (SELECT id FROM organizations WHERE name = :organization) AS organization
 -- selective and reads a whole state's range to sort it (list_jobs). Read-only.
 SELECT now() AS now, set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode;
 
+-- name: find_job_list_cursors^
+-- The places in creation order of a job list's cursors (list_jobs with an age bound), each
+-- by a probe of jobs_pkey: the created_at of job :before_id, or when that id is no job's (a
+-- job deleted, an id never given) of the next job above it by id, NULL (no bound) when
+-- there is none; of job :after_id, or of the next job below it, NULL when there is none or
+-- no :after_id. Where creation follows the ids, a cursor that is no job's then cuts the
+-- list where it cuts the id order. Read-only.
+SELECT (SELECT b.created_at FROM jobs b WHERE b.id >= :before_id ORDER BY b.id LIMIT 1) AS before_at,
+       (SELECT a.created_at FROM jobs a WHERE a.id <= :after_id ORDER BY a.id DESC LIMIT 1) AS after_at;
+
 -- name: list_jobs
--- Jobs filtered (pgd_job_list_match, sql/functions/lists.sql), keyset-paginated by id: with
--- :after_id NULL the newest below :before_id, newest first; else the oldest above :after_id
--- (and below :before_id), oldest first. Of every state (:state NULL: jobs_pkey in the page's
--- order) or of one (one range of jobs_state_idx (state, id), backward for the newest, forward
--- after :after_id; the state is matched as a range for the reason list_recent_jobs_in_state
--- gives: only then is jobs_state_idx the index that yields the order). Each branch stops at
--- :limit matches and one-time filters on the parameters skip the others; the holders of
--- a capacity (state running and an organization, project, pool or target) are one
--- range as long as the running jobs. With :runner_id, the branches of that runner's attempts
--- instead (newest or oldest first, and its running ones). The page's ids first, then their names, latest attempt
--- and runner for those rows only. Planned with its values (begin_job_list). Read-only.
+-- Jobs filtered (pgd_job_list_match, sql/functions/lists.sql), keyset-paginated: with
+-- :after_id NULL the newest below the cursor :before_id, newest first; else the oldest above
+-- :after_id (and below :before_id), oldest first. Newest by id, or with an age bound
+-- (:older_than_seconds, and no :runner_id) by creation, (created_at, id), the cursors at
+-- their places :before_at and :after_at (find_job_list_cursors): "older than a day" is then
+-- one range of jobs_created_idx from the bound down, where the id order walked every job
+-- newer than the bound (the queue, a day of history) before the first match.
+-- :younger_than_seconds alone keeps the id order, which finds recent jobs first. In the id
+-- order, of every state (:state NULL: jobs_pkey in the page's order) or of one (one range of
+-- jobs_state_idx (state, id), backward for the newest, forward after :after_id; the state
+-- is matched as a range for the reason list_recent_jobs_in_state gives: only then is
+-- jobs_state_idx the index that yields the order). Each branch stops at :limit matches and
+-- one-time filters on the parameters skip the others; the holders of a capacity (state
+-- running and an organization, project, pool or target) are one range as long as the
+-- running jobs. With :runner_id, the branches of that runner's attempts instead (by id,
+-- newest or oldest first, and its running ones). The page's ids first, then their names,
+-- latest attempt and runner for those rows only, in the page's order. Planned with its
+-- values (begin_job_list). Read-only.
 WITH page AS (
     (SELECT j.id FROM jobs j
       WHERE CAST(:state AS text) IS NULL AND CAST(:after_id AS bigint) IS NULL
         AND j.id < :before_id
+        AND CAST(:older_than_seconds AS double precision) IS NULL
         AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
                                :younger_than_seconds)
         AND CAST(:runner_id AS bigint) IS NULL
@@ -337,6 +355,7 @@ WITH page AS (
     UNION ALL
     (SELECT j.id FROM jobs j
       WHERE CAST(:state AS text) IS NULL AND j.id > :after_id AND j.id < :before_id
+        AND CAST(:older_than_seconds AS double precision) IS NULL
         AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
                                :younger_than_seconds)
         AND CAST(:runner_id AS bigint) IS NULL
@@ -345,6 +364,7 @@ WITH page AS (
     (SELECT j.id FROM jobs j
       WHERE CAST(:after_id AS bigint) IS NULL
         AND j.state >= :state AND j.state <= :state AND j.id < :before_id
+        AND CAST(:older_than_seconds AS double precision) IS NULL
         AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
                                :younger_than_seconds)
         AND CAST(:runner_id AS bigint) IS NULL
@@ -353,10 +373,56 @@ WITH page AS (
     (SELECT j.id FROM jobs j
       WHERE j.state >= :state AND j.state <= :state
         AND j.id > :after_id AND j.id < :before_id
+        AND CAST(:older_than_seconds AS double precision) IS NULL
         AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, :older_than_seconds,
                                :younger_than_seconds)
         AND CAST(:runner_id AS bigint) IS NULL
       ORDER BY j.state, j.id LIMIT :limit)
+    UNION ALL
+    -- with an age bound (older than), in creation order: one range of jobs_created_idx
+    -- (created_at, id), from below the cursor and the bound down (newest created first), or
+    -- from above the cursor up (after_id, oldest first), a state a filter on it. The cursors
+    -- stay job ids, each at its place (:before_at, :before_id) or (:after_at, :after_id)
+    -- (find_job_list_cursors, NULL: none). Each end of the range is one row comparison,
+    -- the nearer of the cursor and the age bound (older than above, younger than below):
+    -- given both, the b-tree cannot tell which of a row and a plain bound is nearer, and
+    -- PostgreSQL 18 started from the age bound and walked down to a cursor deep in the
+    -- history, or went on past a before_id up to the age bound. So created_at <= T is
+    -- written (created_at, id) < (T + 1 microsecond, 0) (times are in microseconds, ids
+    -- from 1), created_at > Y is (created_at, id) > (Y, the largest id), and
+    -- pgd_job_list_match is not given that bound again. An after_id is tested IS NOT NULL: a
+    -- row comparison with a NULL member is still true when the members before it differ.
+    (SELECT j.id FROM jobs j
+      WHERE CAST(:older_than_seconds AS double precision) IS NOT NULL
+        AND CAST(:runner_id AS bigint) IS NULL AND CAST(:after_id AS bigint) IS NULL
+        AND (CAST(:state AS text) IS NULL OR j.state = :state)
+        AND (j.created_at, j.id)
+            < (least(CAST(:before_at AS timestamptz),
+                     now() - make_interval(secs => :older_than_seconds) + interval '1 microsecond'),
+               CASE WHEN CAST(:before_at AS timestamptz) <= now() - make_interval(secs => :older_than_seconds)
+                    THEN :before_id ELSE 0 END)
+        AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, CAST(NULL AS double precision),
+                               :younger_than_seconds)
+      ORDER BY j.created_at DESC, j.id DESC LIMIT :limit)
+    UNION ALL
+    (SELECT j.id FROM jobs j
+      WHERE CAST(:older_than_seconds AS double precision) IS NOT NULL
+        AND CAST(:runner_id AS bigint) IS NULL AND CAST(:after_id AS bigint) IS NOT NULL
+        AND (CAST(:state AS text) IS NULL OR j.state = :state)
+        AND (j.created_at, j.id)
+            > (coalesce(greatest(CAST(:after_at AS timestamptz),
+                                 now() - make_interval(secs => :younger_than_seconds)), '-infinity'),
+               CASE WHEN CAST(:after_at AS timestamptz)
+                         > coalesce(now() - make_interval(secs => :younger_than_seconds), '-infinity')
+                    THEN :after_id ELSE 9223372036854775807 END)
+        AND (j.created_at, j.id)
+            < (least(CAST(:before_at AS timestamptz),
+                     now() - make_interval(secs => :older_than_seconds) + interval '1 microsecond'),
+               CASE WHEN CAST(:before_at AS timestamptz) <= now() - make_interval(secs => :older_than_seconds)
+                    THEN :before_id ELSE 0 END)
+        AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, CAST(NULL AS double precision),
+                               CAST(NULL AS double precision))
+      ORDER BY j.created_at, j.id LIMIT :limit)
     UNION ALL
     -- a runner's jobs (the runner of their latest attempt) are read from its attempts: the
     -- finished ones by job id (attempts_runner_done_idx), the latest attempt of their job
@@ -409,7 +475,14 @@ SELECT j.id, j.state, j.priority, j.command, j.project_id, j.pool_id, j.target_i
   LEFT JOIN LATERAL (SELECT x.attempt_no, x.runner_id, x.claimed_at FROM attempts x
                       WHERE x.job_id = j.id ORDER BY x.attempt_no DESC LIMIT 1) a ON true
   LEFT JOIN runners r ON r.id = a.runner_id
- ORDER BY CASE WHEN CAST(:after_id AS bigint) IS NULL THEN -j.id ELSE j.id END
+ -- the page's order: with an age bound (and no runner) by (created_at, id), else by id
+ ORDER BY CASE WHEN CAST(:older_than_seconds AS double precision) IS NOT NULL
+                AND CAST(:runner_id AS bigint) IS NULL AND CAST(:after_id AS bigint) IS NULL
+               THEN j.created_at END DESC,
+          CASE WHEN CAST(:older_than_seconds AS double precision) IS NOT NULL
+                AND CAST(:runner_id AS bigint) IS NULL AND CAST(:after_id AS bigint) IS NOT NULL
+               THEN j.created_at END,
+          CASE WHEN CAST(:after_id AS bigint) IS NULL THEN -j.id ELSE j.id END
  -- a runner's page: its finished jobs' branch and its running jobs' branch together
  LIMIT :limit;
 

@@ -417,15 +417,23 @@ def list_jobs(conn, *, state: str | None = None, organization: str | None = None
     ``reason`` (a code of explain.REASON_CODES) the list is the queue's: waiting jobs with
     that reason (``list_waiting``), oldest first, paged with ``after_id``.
 
-    Paging by id (keyset): without ``after_id`` the newest jobs below ``before_id``, newest
-    first; with it the oldest jobs above ``after_id`` (and below ``before_id``), oldest first.
-    Both together are a window: its every page keeps ``before_id`` in ``next``.
+    Paging by keyset, the cursors job ids: without ``after_id`` the newest jobs below
+    ``before_id``, newest first; with it the oldest jobs above ``after_id`` (and below
+    ``before_id``), oldest first. Both together are a window: its every page keeps
+    ``before_id`` in ``next``. Newest and oldest by id, except with ``older_than_seconds``
+    (and no ``runner_id``): then by creation, (created_at, id), which the id order follows
+    only nearly (created_at is the submitting transaction's start), and a cursor stands at
+    its job's place in that order; an id that is no job's (deleted, or never given) stands
+    at the created_at of the next job above it by id (``before_id``) or below it
+    (``after_id``), and bounds nothing when there is none (find_job_list_cursors,
+    sql/jobs.sql). ``younger_than_seconds`` alone keeps the id order.
 
     Returns:
-        {"jobs": [row], "order": "newest_first" | "oldest_first", "next": {"before_id": id}
-        or {"after_id": id} (with "before_id" too in a window) (the same call with it gives
-        the following page) or None (no more), "now": the database's time}. Each row: id, state, priority, command, project,
-        organization, pool, target, created_at, ready_at, started_at (first claim),
+        {"jobs": [row], "order": "newest_first" | "oldest_first" (by id, or by creation with
+        ``older_than_seconds``), "next": {"before_id": id} or {"after_id": id} (with
+        "before_id" too in a window) (the same call with it gives the following page) or
+        None (no more), "now": the database's time}. Each row: id, state, priority,
+        command, project, organization, pool, target, created_at, ready_at, started_at (first claim),
         finished_at, last_error, attempt_no, runner_id, runner (name) and claimed_at of the
         latest attempt, age_seconds, running_seconds (running jobs: since the running
         attempt's claim), duration_seconds (finished jobs: first claim to finish); rows of
@@ -450,8 +458,13 @@ def list_jobs(conn, *, state: str | None = None, organization: str | None = None
     params = dict(project_ids=ids["project_ids"], pool_id=ids["pool_id"],
                   target_id=ids["target_id"], runner_id=runner_id,
                   older_than_seconds=older_than_seconds, younger_than_seconds=younger_than_seconds,
-                  before_id=before_id or MAX_BIGINT, after_id=after_id, limit=limit)
+                  before_id=before_id or MAX_BIGINT, after_id=after_id, before_at=None,
+                  after_at=None, limit=limit)
     now = Q.begin_job_list(conn)["now"]
+    if older_than_seconds is not None and runner_id is None:
+        # creation order: the cursors' places as values, so that the plan sees how much of
+        # jobs_created_idx lies between them and the age bound
+        params.update(Q.find_job_list_cursors(conn, before_id=params["before_id"], after_id=after_id))
     rows = list(Q.list_jobs(conn, state=state, **params))
     forward = after_id is not None
     more = len(rows) == limit

@@ -65,7 +65,7 @@ MIGRATIONS = ["0001_baseline", "0002_claim_tombstones", "0003_audit_login",
               "0013_pool_pause_and_drain", "0015_job_search",
               "0016_search_statistics", "0017_project_running_stripes",
               "0018_console_at_scale", "0019_queue_by_age",
-              "0020_jobs_by_pool", "0021_jobs_by_runner"]
+              "0020_jobs_by_pool", "0021_jobs_by_runner", "0022_jobs_by_age"]
 _counter = itertools.count()
 
 # Off for the embedded test server only (all three take effect on a reload; PostgreSQL docs

@@ -375,8 +375,8 @@ def _next_url(endpoint: str, query: dict[str, Any], following: dict[str, int] | 
 
 @bp.get("/jobs")
 def list_jobs():
-    """Jobs, filtered, keyset-paged by id (reads.list_jobs); a name or runner that does not
-    exist is 404, as in a path."""
+    """Jobs, filtered, keyset-paged by job id (reads.list_jobs: with older_than in creation
+    order); a name or runner that does not exist is 404, as in a path."""
     query = query_values("listJobs", request.args)
     try:
         page = reads.list_jobs(

@@ -98,8 +98,9 @@ def _age_arg(name: str) -> float | None:
 @bp.get("/")
 def index():
     """Jobs, filtered (state, organization, project, pool, target, runner, reason, age in
-    seconds), keyset-paged by id (``before_id``: older, newest first; ``after_id``: newer,
-    oldest first); the table fragment for htmx polls. ``?id=N`` jumps to job N."""
+    seconds), keyset-paged by job id (``before_id``: older, newest first; ``after_id``: newer,
+    oldest first; with ``older_than`` in creation order, reads.list_jobs); the table fragment
+    for htmx polls. ``?id=N`` jumps to job N."""
     if request.args.get("id", "").strip():
         return redirect(url_for("jobs.detail", job_id=arg_int("id", 0, low=1)))
     filters: dict = {name: arg_text(name) for name in TEXT_FILTERS}

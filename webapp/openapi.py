@@ -100,7 +100,10 @@ _JOB_FILTERS = [
     _query("reason", {"enum": list(REASON_CODES)},
            "only waiting jobs with this reason (any of their reasons); the list is then the "
            "queue's, oldest first, paged with after_id"),
-    _query("older_than", _SECONDS, "only jobs created at least this many seconds ago"),
+    _query("older_than", _SECONDS, "only jobs created at least this many seconds ago; the "
+                                   "list is then in creation order (newest created first, "
+                                   "oldest first with after_id), before_id and after_id at "
+                                   "their jobs' places in it"),
     _query("younger_than", _SECONDS, "only jobs created less than this many seconds ago"),
     _LIMIT, _BEFORE,
     _query("after_id", {"type": "integer", "minimum": 0, "maximum": 2**63 - 1},

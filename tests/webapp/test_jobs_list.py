@@ -3,6 +3,7 @@ live polling, and bad input as a clear 4xx page."""
 
 from __future__ import annotations
 
+import html as html_lib
 import re
 
 import pytest
@@ -75,6 +76,34 @@ def test_pages_older_and_newer(operator, world, holders):
     assert rows(older) == ids[2:4]
     newer = operator.get(f"/jobs/?limit=2&after_id={ids[3]}").get_data(as_text=True)
     assert rows(newer) == [ids[2], ids[1]] and "oldest first" in newer
+
+
+def test_an_age_filtered_list_pages_through_each_job_once_either_way(operator, world, holders):
+    """With older_than the list is in creation order: following its links (Older jobs from
+    the first page, Newer jobs from after_id=0) shows every matching job once, in that order."""
+    for i in range(7):
+        world.job(project="api" if i % 2 else "web")
+    ids = [r["id"] for r in world.conn.execute("SELECT id FROM jobs ORDER BY id")]
+    assert len(ids) == 11
+    for n, job_id in enumerate(ids):  # created out of id order, one within the hour
+        world.conn.execute("UPDATE jobs SET created_at = now() - %s * interval '1 hour' WHERE id = %s",
+                           ((n * 5) % 11 + 0.5, job_id))
+    want = [r["id"] for r in world.conn.execute(
+        "SELECT id FROM jobs WHERE created_at <= now() - interval '1 hour' "
+        "ORDER BY created_at DESC, id DESC")]
+    assert len(want) == 10 and want != sorted(want, reverse=True)
+
+    def follow(url: str, label: str) -> list[int]:
+        seen: list[int] = []
+        while url:
+            html = operator.get(url).get_data(as_text=True)
+            seen += rows(html)
+            link = re.search(rf'<a rel="next" href="([^"]+)">{label}', html)
+            url = html_lib.unescape(link.group(1)) if link else None
+        return seen
+
+    assert follow("/jobs/?older_than=3600&limit=3", "Older jobs") == want
+    assert follow("/jobs/?older_than=3600&limit=3&after_id=0", "Newer jobs") == want[::-1]
 
 
 @pytest.mark.parametrize("query, message", [

@@ -770,6 +770,8 @@ def run_throughput(server_url: str, template: str, args, settings: dict[str, str
     jobs, slots = args.throughput_jobs, args.slots
     runs: dict[str, list[float]] = {"scheduler": [], "posix_spawn": [], "popen": []}
     extra: list[dict[str, Any]] = []
+    # CPU of a bare loop per job: the bench process's own and its reaped `true`s' (os.times)
+    bare_cpu: dict[str, list[float]] = {"posix_spawn": [], "popen": []}
     with scratch_database(server_url, "pgd_bench_e2e", template=template) as url, \
             tempfile.TemporaryDirectory(prefix="pgd-bench-e2e-") as tmp, \
             db.connect(url, application_name="bench-e2e-watch") as watch:
@@ -797,7 +799,10 @@ def run_throughput(server_url: str, template: str, args, settings: dict[str, str
                         extra.append(got)
                         seconds = got["seconds"]
                     else:
+                        t0 = os.times()
                         seconds = (bare_posix_spawn if kind == "posix_spawn" else bare_popen)(jobs, slots)
+                        t1 = os.times()
+                        bare_cpu[kind].append(1000.0 * sum(b - a for a, b in zip(t0[:4], t1[:4])) / jobs)
                     runs[kind].append(jobs / seconds)
                     print(f"  throughput {kind}: {jobs / seconds:.0f} jobs/s", flush=True)
             time.sleep(args.stats_wait_seconds)
@@ -810,8 +815,15 @@ def run_throughput(server_url: str, template: str, args, settings: dict[str, str
         values = [r[key] for r in extra if r[key] is not None]
         return statistics.median(values) if values else None
 
+    spawn_cpu = statistics.median(bare_cpu["posix_spawn"])
+    cores = os.cpu_count() or 1
     return {"jobs": jobs, "concurrency": slots, "repeats": args.repeats, "jobs_per_s": runs,
             "median_jobs_per_s": med, "scheduler_runs": extra,
+            "bare_cpu_ms_per_job": {k: statistics.median(v) for k, v in bare_cpu.items()},
+            # at TARGET_RATIO of the ceiling, what the cores leave per job beside a bare
+            # spawn's own CPU: the most a scheduler's and the server's work per job may cost
+            "cores": cores, "budget_ms_per_job_at_target":
+                cores * 1000.0 / (TARGET_RATIO * ceiling) - spawn_cpu,
             "scheduler_cpu_ms_per_job": median_of("scheduler_cpu_ms_per_job"),
             "commands_cpu_ms_per_job": median_of("commands_cpu_ms_per_job"),
             "server_cpu_ms_per_job": median_of("server_cpu_ms_per_job"),
@@ -980,6 +992,13 @@ def throughput_table(part: dict[str, Any]) -> str:
               f"CPU per job: scheduler {_f(part['scheduler_cpu_ms_per_job'], '.2f')} ms, its commands "
               f"{_f(part['commands_cpu_ms_per_job'], '.2f')} ms, server "
               f"{_f(part['server_cpu_ms_per_job'], '.2f')} ms"]
+    if part.get("bare_cpu_ms_per_job"):
+        bare = part["bare_cpu_ms_per_job"]
+        lines.append(f"CPU per job of the bare loops (the bench process and its `true`s): "
+                     f"posix_spawn {bare['posix_spawn']:.2f} ms, Popen {bare['popen']:.2f} ms; at "
+                     f"{TARGET_RATIO} of the ceiling, {part['cores']} cores leave "
+                     f"{part['budget_ms_per_job_at_target']:.2f} ms per job beside a bare spawn "
+                     "for the scheduler's and the server's work")
     fn = part.get("functions")
     if fn:
         lines.append("calls per job: " + ", ".join(f"{k} {v:.2f}" for k, v in fn["calls_per_job"].items())

@@ -32,6 +32,9 @@ The variants (what is taken out, and what it stands for):
   (``pgd_more_waiting``), which lets the scheduler batch and sleep safely.
 * ``without-search`` — the three search indexes on jobs (trigram, project, submitter:
   sql/schema.sql) dropped: what finding a job costs every job's writes.
+* ``without-console`` — the two full indexes of the console's jobs list on jobs
+  (``jobs_pool_idx``, ``jobs_created_idx``: its pool and age filters at 10M jobs) dropped:
+  what those filters cost every job's writes.
 * ``without-all`` — all of the above.
 
 The substitutions check that each text they replace is in the function exactly once, so a
@@ -84,6 +87,8 @@ MORE_WAITING_OFF = [
 SEARCH_OFF = ["DROP INDEX jobs_command_trgm_idx", "DROP INDEX jobs_project_idx",
               "DROP INDEX jobs_submitter_idx"]
 
+CONSOLE_OFF = ["DROP INDEX jobs_pool_idx", "DROP INDEX jobs_created_idx"]
+
 # pgd_complete_batch's fast path without its receipts: (text, replacement), each text found
 # exactly once in the function's definition (pg_get_functiondef)
 RECEIPTS_OFF = [
@@ -127,8 +132,9 @@ VARIANTS: dict[str, Variant] = {
     "without-grants": Variant(tuple(GRANTS_OFF)),
     "without-more-waiting": Variant(tuple(MORE_WAITING_OFF)),
     "without-search": Variant(tuple(SEARCH_OFF)),
-    "without-all": Variant(tuple(CAPACITY_OFF + GRANTS_OFF + MORE_WAITING_OFF + SEARCH_OFF),
-                           receipts_off=True),
+    "without-console": Variant(tuple(CONSOLE_OFF)),
+    "without-all": Variant(tuple(CAPACITY_OFF + GRANTS_OFF + MORE_WAITING_OFF + SEARCH_OFF
+                                 + CONSOLE_OFF), receipts_off=True),
 }
 
 

@@ -40,7 +40,7 @@ STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ledger", ("ledger", "--clients", "2", "--repeats", "3", "--jobs", "4000")),
     ("running", ("running", "--running", "0,20000,99999", "--claims", "300")),
     ("fairness", ("fairness",)),
-    ("e2e", ("e2e", "--samples", "50", "--throughput-jobs", "1000", "--repeats", "3",
+    ("e2e", ("e2e", "--samples", "100", "--throughput-jobs", "1000", "--repeats", "3",
              "--settle-seconds", "5", "--window-seconds", "30")),
     ("console", ("console",)),
 )

@@ -518,6 +518,31 @@ def dispatchable_at(sample: dict[str, Any], others: Sequence[dict[str, Any]],
     return held, at
 
 
+# dispatchable_at's cases (slots 2; each attempt (claimed, finished, its job's ready_at); the
+# answer (held at ready, dispatchable)): checked by every latency run, the smoke run's too,
+# since the target under load is judged from that moment
+DISPATCHABLE_CASES = (
+    # full at the ready moment: until a slot frees
+    ((10.0, 16.0), ((9.0, 15.0, 8.0), (9.5, 30.0, 8.0)), (2, 15.0)),
+    # a free slot taken by a job queued ahead of it: until that one ends
+    ((10.0, 14.5), ((9.0, 30.0, 8.0), (11.0, 14.0, 9.5)), (1, 14.0)),
+    # ... by a job ready after it: the sample's own wait
+    ((10.0, 14.5), ((9.0, 30.0, 8.0), (11.0, 14.0, 10.5)), (1, 10.0)),
+    # never full
+    ((10.0, 11.0), ((9.0, 10.5, 8.0), (10.6, None, 9.0)), (1, 10.0)),
+    # full, room at 12, refilled by a job ahead at 12.5, room again at 15: the last one
+    ((10.0, 15.5), ((9.0, 12.0, 8.0), (9.5, 15.0, 8.0), (12.5, None, 9.0)), (2, 15.0)),
+)
+
+
+def check_dispatchable() -> None:
+    """Raise AssertionError when dispatchable_at answers a case of DISPATCHABLE_CASES wrong."""
+    for (ready, claimed), others, want in DISPATCHABLE_CASES:
+        got = dispatchable_at({"ready": ready, "claimed": claimed},
+                              [{"claimed": c, "finished": f, "ready_at": r} for c, f, r in others], 2)
+        assert got == want, f"dispatchable_at: {got} for {want} in {(ready, claimed), others}"
+
+
 LOAD_SHAPE = """
 SELECT count(*) AS jobs,
        coalesce(sum(extract(epoch FROM least(a.finished_at, to_timestamp(%(t1)s))
@@ -588,6 +613,7 @@ def latency_condition(lab: Lab, triggers: Sequence[str], rounds: int) -> dict[st
 def run_latency(server_url: str, template: str, args, settings: dict[str, str],
                 rng: random.Random) -> dict[str, Any]:
     """Part 1 (module docstring): both conditions on one scheduler."""
+    check_dispatchable()
     part: dict[str, Any] = {"slots": args.slots, "samples_per_way": args.samples,
                             "gap_seconds": list(args.gap), "blocker_seconds": BLOCKER_SECONDS,
                             "command": list(FIRST_ACT)}

@@ -314,22 +314,41 @@ SELECT (SELECT id FROM organizations WHERE name = :organization) AS organization
 -- selective and reads a whole state's range to sort it (list_jobs). Read-only.
 SELECT now() AS now, set_config('plan_cache_mode', 'force_custom_plan', true) AS plan_cache_mode;
 
--- name: find_job_list_cursors^
--- The places in creation order of a job list's cursors (list_jobs with an age bound), each
--- by a probe of jobs_pkey: the created_at of job :before_id, or when that id is no job's (a
--- job deleted, an id never given) of the next job above it by id, NULL (no bound) when
--- there is none; of job :after_id, or of the next job below it, NULL when there is none or
--- no :after_id. Where creation follows the ids, a cursor that is no job's then cuts the
--- list where it cuts the id order. Read-only.
-SELECT (SELECT b.created_at FROM jobs b WHERE b.id >= :before_id ORDER BY b.id LIMIT 1) AS before_at,
-       (SELECT a.created_at FROM jobs a WHERE a.id <= :after_id ORDER BY a.id DESC LIMIT 1) AS after_at;
+-- name: find_job_list_bounds^
+-- The two ends of a job list's range in creation order (list_jobs with an age bound), each
+-- a (created_at, id) to compare a row with: above, the nearer of the cursor :before_id and
+-- the age bound (older than :older_than_seconds), as (upper_at, upper_id) with the row
+-- below it; beneath, the nearer of the cursor :after_id and the bound younger than
+-- :younger_than_seconds, as (lower_at, lower_id) with the row above it. Given both a cursor
+-- and an age bound, a b-tree cannot tell which of a row comparison and a plain bound is
+-- nearer (PostgreSQL 18 started from the age bound and walked down to a cursor deep in the
+-- history, or went on past a before_id up to the age bound), so each end is one row
+-- comparison: created_at <= T is (created_at, id) < (T + 1 microsecond, 0) (times are in
+-- microseconds, ids from 1), created_at > Y is (created_at, id) > (Y, the largest id). A
+-- cursor stands at its job's created_at, found by a probe of jobs_pkey, or when that id is
+-- no job's (a job deleted, an id never given) at the next job's above it by id (before_id)
+-- or below it (after_id), and bounds nothing when there is none; where creation follows the
+-- ids, such a cursor then cuts the list where it cuts the id order. Values, not
+-- subqueries of list_jobs: its plan then sees how much of jobs_created_idx lies between
+-- them. Read-only.
+SELECT least(c.before_at, now() - make_interval(secs => :older_than_seconds)
+                          + interval '1 microsecond') AS upper_at,
+       CASE WHEN c.before_at <= now() - make_interval(secs => :older_than_seconds)
+            THEN CAST(:before_id AS bigint) ELSE 0 END AS upper_id,
+       coalesce(greatest(c.after_at, now() - make_interval(secs => :younger_than_seconds)),
+                '-infinity') AS lower_at,
+       CASE WHEN c.after_at > coalesce(now() - make_interval(secs => :younger_than_seconds), '-infinity')
+            THEN CAST(:after_id AS bigint) ELSE 9223372036854775807 END AS lower_id
+  FROM (SELECT (SELECT b.created_at FROM jobs b WHERE b.id >= :before_id ORDER BY b.id LIMIT 1) AS before_at,
+               (SELECT a.created_at FROM jobs a WHERE a.id <= :after_id ORDER BY a.id DESC LIMIT 1) AS after_at) c;
 
 -- name: list_jobs
 -- Jobs filtered (pgd_job_list_match, sql/functions/lists.sql), keyset-paginated: with
 -- :after_id NULL the newest below the cursor :before_id, newest first; else the oldest above
 -- :after_id (and below :before_id), oldest first. Newest by id, or with an age bound
 -- (:older_than_seconds, and no :runner_id) by creation, (created_at, id), the cursors at
--- their places :before_at and :after_at (find_job_list_cursors): "older than a day" is then
+-- their places in the range (:upper_at, :upper_id) .. (:lower_at, :lower_id)
+-- (find_job_list_bounds): "older than a day" is then
 -- one range of jobs_created_idx from the bound down, where the id order walked every job
 -- newer than the bound (the queue, a day of history) before the first match.
 -- :younger_than_seconds alone keeps the id order, which finds recent jobs first. In the id
@@ -380,27 +399,16 @@ WITH page AS (
       ORDER BY j.state, j.id LIMIT :limit)
     UNION ALL
     -- with an age bound (older than), in creation order: one range of jobs_created_idx
-    -- (created_at, id), from below the cursor and the bound down (newest created first), or
-    -- from above the cursor up (after_id, oldest first), a state a filter on it. The cursors
-    -- stay job ids, each at its place (:before_at, :before_id) or (:after_at, :after_id)
-    -- (find_job_list_cursors, NULL: none). Each end of the range is one row comparison,
-    -- the nearer of the cursor and the age bound (older than above, younger than below):
-    -- given both, the b-tree cannot tell which of a row and a plain bound is nearer, and
-    -- PostgreSQL 18 started from the age bound and walked down to a cursor deep in the
-    -- history, or went on past a before_id up to the age bound. So created_at <= T is
-    -- written (created_at, id) < (T + 1 microsecond, 0) (times are in microseconds, ids
-    -- from 1), created_at > Y is (created_at, id) > (Y, the largest id), and
-    -- pgd_job_list_match is not given that bound again. An after_id is tested IS NOT NULL: a
-    -- row comparison with a NULL member is still true when the members before it differ.
+    -- (created_at, id), from below its upper end down (newest created first), or from above
+    -- its lower end up (after_id, oldest first), a state a filter on it. Each end is one row
+    -- comparison with a value of find_job_list_bounds (the nearer of a cursor and an age
+    -- bound, and why one comparison: there), so pgd_job_list_match is not given those bounds
+    -- again.
     (SELECT j.id FROM jobs j
       WHERE CAST(:older_than_seconds AS double precision) IS NOT NULL
         AND CAST(:runner_id AS bigint) IS NULL AND CAST(:after_id AS bigint) IS NULL
         AND (CAST(:state AS text) IS NULL OR j.state = :state)
-        AND (j.created_at, j.id)
-            < (least(CAST(:before_at AS timestamptz),
-                     now() - make_interval(secs => :older_than_seconds) + interval '1 microsecond'),
-               CASE WHEN CAST(:before_at AS timestamptz) <= now() - make_interval(secs => :older_than_seconds)
-                    THEN :before_id ELSE 0 END)
+        AND (j.created_at, j.id) < (CAST(:upper_at AS timestamptz), CAST(:upper_id AS bigint))
         AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, CAST(NULL AS double precision),
                                :younger_than_seconds)
       ORDER BY j.created_at DESC, j.id DESC LIMIT :limit)
@@ -409,17 +417,8 @@ WITH page AS (
       WHERE CAST(:older_than_seconds AS double precision) IS NOT NULL
         AND CAST(:runner_id AS bigint) IS NULL AND CAST(:after_id AS bigint) IS NOT NULL
         AND (CAST(:state AS text) IS NULL OR j.state = :state)
-        AND (j.created_at, j.id)
-            > (coalesce(greatest(CAST(:after_at AS timestamptz),
-                                 now() - make_interval(secs => :younger_than_seconds)), '-infinity'),
-               CASE WHEN CAST(:after_at AS timestamptz)
-                         > coalesce(now() - make_interval(secs => :younger_than_seconds), '-infinity')
-                    THEN :after_id ELSE 9223372036854775807 END)
-        AND (j.created_at, j.id)
-            < (least(CAST(:before_at AS timestamptz),
-                     now() - make_interval(secs => :older_than_seconds) + interval '1 microsecond'),
-               CASE WHEN CAST(:before_at AS timestamptz) <= now() - make_interval(secs => :older_than_seconds)
-                    THEN :before_id ELSE 0 END)
+        AND (j.created_at, j.id) > (CAST(:lower_at AS timestamptz), CAST(:lower_id AS bigint))
+        AND (j.created_at, j.id) < (CAST(:upper_at AS timestamptz), CAST(:upper_id AS bigint))
         AND pgd_job_list_match(j, :project_ids, :pool_id, :target_id, CAST(NULL AS double precision),
                                CAST(NULL AS double precision))
       ORDER BY j.created_at, j.id LIMIT :limit)

@@ -425,7 +425,7 @@ def list_jobs(conn, *, state: str | None = None, organization: str | None = None
     only nearly (created_at is the submitting transaction's start), and a cursor stands at
     its job's place in that order; an id that is no job's (deleted, or never given) stands
     at the created_at of the next job above it by id (``before_id``) or below it
-    (``after_id``), and bounds nothing when there is none (find_job_list_cursors,
+    (``after_id``), and bounds nothing when there is none (find_job_list_bounds,
     sql/jobs.sql). ``younger_than_seconds`` alone keeps the id order.
 
     Returns:
@@ -458,13 +458,15 @@ def list_jobs(conn, *, state: str | None = None, organization: str | None = None
     params = dict(project_ids=ids["project_ids"], pool_id=ids["pool_id"],
                   target_id=ids["target_id"], runner_id=runner_id,
                   older_than_seconds=older_than_seconds, younger_than_seconds=younger_than_seconds,
-                  before_id=before_id or MAX_BIGINT, after_id=after_id, before_at=None,
-                  after_at=None, limit=limit)
+                  before_id=before_id or MAX_BIGINT, after_id=after_id, upper_at=None,
+                  upper_id=None, lower_at=None, lower_id=None, limit=limit)
     now = Q.begin_job_list(conn)["now"]
     if older_than_seconds is not None and runner_id is None:
-        # creation order: the cursors' places as values, so that the plan sees how much of
-        # jobs_created_idx lies between them and the age bound
-        params.update(Q.find_job_list_cursors(conn, before_id=params["before_id"], after_id=after_id))
+        # creation order: the range's two ends as values, so that the plan sees how much of
+        # jobs_created_idx lies between them
+        params.update(Q.find_job_list_bounds(conn, before_id=params["before_id"], after_id=after_id,
+                                             older_than_seconds=older_than_seconds,
+                                             younger_than_seconds=younger_than_seconds))
     rows = list(Q.list_jobs(conn, state=state, **params))
     forward = after_id is not None
     more = len(rows) == limit

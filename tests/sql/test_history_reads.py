@@ -139,7 +139,7 @@ def test_job_lists_in_one_state_read_ranges_of_the_state_index(conn, history):
     sql = statement("list_jobs")
     names = list(dict.fromkeys(re.findall(r"(?<!:):(\w+)", sql)))
     types = {"state": "text", "older_than_seconds": "float8", "younger_than_seconds": "float8",
-             "project_ids": "bigint[]", "before_at": "timestamptz", "after_at": "timestamptz"}
+             "project_ids": "bigint[]", "upper_at": "timestamptz", "lower_at": "timestamptz"}
     for i, name in enumerate(names, 1):
         sql = re.sub(rf"(?<!:):{name}\b", f"${i}", sql)
     conn.execute(f"PREPARE jobs_in_state({', '.join(types.get(n, 'bigint') for n in names)}) AS {sql}")

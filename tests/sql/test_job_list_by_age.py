@@ -200,8 +200,10 @@ def test_an_age_bound_reads_the_creation_index_from_the_bound(conn, world):
                               younger_than_seconds=filters.get("younger_than_seconds"),
                               before_id=cursor.get("before_id", reads.MAX_BIGINT),
                               after_id=cursor.get("after_id"), limit=50)
-                params.update(Q.find_job_list_cursors(c, before_id=params["before_id"],
-                                                      after_id=params["after_id"]))
+                params.update(Q.find_job_list_bounds(
+                    c, before_id=params["before_id"], after_id=params["after_id"],
+                    older_than_seconds=older_than,
+                    younger_than_seconds=filters.get("younger_than_seconds")))
                 plan = c.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + Q.list_jobs.sql,
                                  params).fetchone()["QUERY PLAN"][0]["Plan"]
             case = (filters, cursor, older_than, json.dumps(plan, indent=1))

@@ -172,7 +172,7 @@ def test_the_job_list_filters_are_inlined_into_index_reads(conn, queue):
             params = dict(state=None, project_ids=ids["project_ids"], pool_id=None,
                           target_id=ids["target_id"], runner_id=None, older_than_seconds=None,
                           younger_than_seconds=None, before_id=reads.MAX_BIGINT, after_id=None,
-                          before_at=None, after_at=None, limit=50)
+                          upper_at=None, upper_id=None, lower_at=None, lower_id=None, limit=50)
             plan = c.execute("EXPLAIN (FORMAT JSON) " + Q.list_jobs.sql, params).fetchone()["QUERY PLAN"][0]["Plan"]
         text = json.dumps(plan, indent=1)
         assert "pgd_job_list_match" not in text, text
@@ -312,7 +312,7 @@ def test_the_pool_and_runner_filters_read_their_own_ranges(conn, queue):
             params = dict(state=None, project_ids=None, pool_id=ids["pool_id"], target_id=None,
                           runner_id=ids["runner_id"], older_than_seconds=None,
                           younger_than_seconds=None, before_id=reads.MAX_BIGINT, after_id=None,
-                          before_at=None, after_at=None, limit=50)
+                          upper_at=None, upper_id=None, lower_at=None, lower_id=None, limit=50)
             plan = c.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + Q.list_jobs.sql,
                              params).fetchone()["QUERY PLAN"][0]["Plan"]
         text = json.dumps(plan, indent=1)

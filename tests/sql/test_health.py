@@ -23,9 +23,9 @@ def foreign(db_url):
     """A foreign session of this database holding a snapshot: idle in a repeatable-read
     transaction whose last statement carries MARKER (its query text, which nobody may see)."""
     with db.connect(db_url, application_name="foreign-holder") as c:
-        c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        c.execute(f"SELECT '{MARKER}' AS marker")
         c.pid = c.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]
+        c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        c.execute(f"SELECT '{MARKER}' AS marker")  # its last query: what nobody may see
         yield c
         c.execute("ROLLBACK")
 

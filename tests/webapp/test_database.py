@@ -18,9 +18,9 @@ MARKER = "page-secret-marker-51c2"
 def foreign(db_url):
     """A session of this database idle in a repeatable-read transaction holding a snapshot."""
     with db.connect(db_url, application_name="nightly-report") as c:
-        c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        c.execute(f"SELECT '{MARKER}' AS marker")
         c.pid = c.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]
+        c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        c.execute(f"SELECT '{MARKER}' AS marker")  # its last query: what nobody may see
         yield c
         c.execute("ROLLBACK")
 

@@ -88,3 +88,8 @@ GRANT EXECUTE ON FUNCTION pgd_set_organization_limit, pgd_set_project_limits, pg
 GRANT EXECUTE ON FUNCTION pgd_sign_in_parameters, pgd_sign_in, pgd_session_user, pgd_sign_out,
                           pgd_rehash_password, pgd_authenticate_token
     TO pgdispatch_web;
+
+-- The database's health (sql/functions/health.sql): who holds the xmin horizon, without any
+-- session's query text; for the console's Database page and /metrics, and dashboards.
+GRANT EXECUTE ON FUNCTION pgd_read_horizon_holders, pgd_reads_all_stats
+    TO pgdispatch_reader, pgdispatch_web;

@@ -45,7 +45,7 @@ SCHEMA_FILE = SQL_DIR / "schema.sql"
 # resolved when they run, and triggers follow their functions within each file).
 FUNCTION_FILES = ("audit.sql", "capacity.sql", "claim.sql", "wakeups.sql", "complete.sql", "expire.sql",
                   "submit.sql", "operator.sql", "limits.sql", "runners.sql", "summaries.sql",
-                  "accounts.sql", "lists.sql", "bulk.sql")
+                  "accounts.sql", "lists.sql", "bulk.sql", "health.sql")
 # The migration ids of development versions before 0.1.0, squashed into 0001_baseline: a
 # database that has any of them cannot be upgraded (its tables are not the baseline's).
 PRE_RELEASE_IDS = frozenset({"0001_initial", "0014_capacity_stripes"})

@@ -35,5 +35,18 @@ BEGIN
     IF NOT pg_has_role('pgdispatch_admin', 'pgdispatch_operator', 'MEMBER') THEN
         GRANT pgdispatch_operator TO pgdispatch_admin;
     END IF;
+    -- The owner reads other sessions' xmin horizons for the console's Database page, through
+    -- definer functions that return no query text (sql/functions/health.sql). Granting a
+    -- predefined role needs a superuser or ADMIN OPTION on it, which a managed server's
+    -- CREATEROLE login usually lacks: then its operator runs the GRANT below once
+    -- (docs/operations.md, "The database's health"), and the page says it is missing.
+    IF NOT pg_has_role('pgdispatch_owner', 'pg_read_all_stats', 'USAGE') THEN
+        IF (SELECT rolsuper FROM pg_roles WHERE rolname = current_user)
+           OR pg_has_role(current_user, 'pg_read_all_stats', 'USAGE WITH ADMIN OPTION') THEN
+            GRANT pg_read_all_stats TO pgdispatch_owner WITH INHERIT TRUE;
+        ELSE
+            RAISE NOTICE 'pgdispatch_owner lacks pg_read_all_stats: run GRANT pg_read_all_stats TO pgdispatch_owner as a superuser';
+        END IF;
+    END IF;
 END;
 $$;

@@ -23,6 +23,8 @@ MAX_COALESCE_SECONDS = 0.1
 MIN_STATEMENT_DEADLINE_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 2592000.0  # 30 days, pgd_backoff_seconds' own clamp too
 MAX_PREPARE_THRESHOLD = 1_000_000
+# the console's banner for a pinned xmin horizon (PGDISPATCH_HORIZON_ALERT_SECONDS): a week
+MAX_HORIZON_ALERT_SECONDS = 604800.0
 
 
 def _float(env: dict[str, str], name: str, default: float, *, maximum: float,
@@ -140,6 +142,9 @@ class Settings:
             or a pattern with ``{slot}`` naming one user per slot; None: its own user
             (scheduler/sandbox.py).
         job_env_allow: more environment names a job inherits (PGDISPATCH_JOB_ENV_ALLOW).
+        horizon_alert_seconds: the overview warns when one session or prepared transaction
+            has held the xmin horizon back longer than this (PGDISPATCH_HORIZON_ALERT_SECONDS;
+            docs/operations.md, "The database's health").
     """
 
     database_url: str | None = None
@@ -161,6 +166,7 @@ class Settings:
     prepare_threshold: int | None = None
     run_as: str | None = None
     job_env_allow: tuple[str, ...] = ()
+    horizon_alert_seconds: float = 300.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides) -> "Settings":
@@ -206,6 +212,7 @@ class Settings:
             prepare_threshold=_prepare_threshold(env),
             run_as=(env.get("PGDISPATCH_RUN_AS") or "").strip() or None,
             job_env_allow=_job_env_allow(env),
+            horizon_alert_seconds=seconds("HORIZON_ALERT", 300.0, MAX_HORIZON_ALERT_SECONDS),
         )
         values.update({k: v for k, v in overrides.items() if v is not None})
         settings = cls(**values)

@@ -94,6 +94,9 @@ def create_app(settings: sql.Settings | None = None, *, database_url: str | None
         # the overview flags the queue summary as stale past this age (schedulers refresh it
         # every PGDISPATCH_SUMMARY_INTERVAL_SECONDS, 5 s by default)
         SUMMARY_STALE_SECONDS=60,
+        # the overview's banner: a session or prepared transaction holding the xmin horizon
+        # back longer than this (docs/operations.md, "The database's health")
+        HORIZON_ALERT_SECONDS=settings.horizon_alert_seconds,
         PGDISPATCH_SETTINGS=settings,
     )
     app.config["REMEMBER_COOKIE_SECURE"] = app.config["SESSION_COOKIE_SECURE"]
@@ -102,16 +105,16 @@ def create_app(settings: sql.Settings | None = None, *, database_url: str | None
         database_url = sql.embedded.database_url(settings)
     app.config["DATABASE_URL"] = database_url
 
-    from . import (admin, api, audit, auth, db, errors, formatting, jobs, metrics, overview,
-                   pools, projects, queue, runners, security, targets)
+    from . import (admin, api, audit, auth, database, db, errors, formatting, jobs, metrics,
+                   overview, pools, projects, queue, runners, security, targets)
 
     db.init_app(app)
     formatting.init_app(app)
     security.init_app(app)
     auth.init_app(app)
     errors.init_app(app)
-    for module in (overview, queue, projects, pools, targets, jobs, runners, audit, admin, api,
-                   metrics):
+    for module in (overview, queue, projects, pools, targets, jobs, runners, database, audit,
+                   admin, api, metrics):
         app.register_blueprint(module.bp)
     security.csrf.exempt(api.bp)
     hops = app.config["TRUSTED_PROXIES"]

@@ -48,9 +48,25 @@ def ago(ts: dt.datetime | None, now: dt.datetime | None = None) -> str:
     return seconds(delta) + " ago"
 
 
+def size(value: int | None) -> str:
+    """A size in bytes as ``512 B``, ``16 kB``, ``1.5 MB``, ``2.0 GB`` (powers of 1024, as
+    PostgreSQL's pg_size_pretty)."""
+    if value is None:
+        return "—"
+    amount = float(value)
+    for unit in ("B", "kB", "MB", "GB"):
+        if amount < 1024 or unit == "GB":
+            break
+        amount /= 1024
+    if unit == "B":
+        return f"{int(amount)} B"
+    return f"{amount:.0f} {unit}" if amount >= 10 else f"{amount:.1f} {unit}"
+
+
 def init_app(app: Flask) -> None:
     """Register the filters."""
     app.add_template_filter(utc)
     app.add_template_filter(isotime)
     app.add_template_filter(seconds)
     app.add_template_filter(ago)
+    app.add_template_filter(size)

@@ -27,6 +27,17 @@ one never exports them.
 ``pgdispatch_jobs{state}``                     jobs by state (finished ones: the last hour)
 ``pgdispatch_runners_live``                    runners with a recent heartbeat
 ``pgdispatch_queue_summary_age_seconds``       age of the oldest queue summary row
+``pgdispatch_db_dead_tuples{table}``           dead tuples of each hot table (sql/health.py),
+``pgdispatch_db_live_tuples{table}``           and live ones (pg_stat_user_tables)
+``pgdispatch_db_table_bytes{table}``           a hot table's total size, indexes and TOAST in
+``pgdispatch_db_index_bytes{table}``           it; its indexes alone
+``pgdispatch_db_horizon_age_seconds{kind}``    how long the oldest session / prepared
+                                               transaction has held the xmin horizon (0: none)
+``pgdispatch_db_horizon_xmin_age{kind}``       the oldest xmin held, in transactions, per kind
+                                               (session, prepared, slot; 0: none)
+``pgdispatch_db_reads_all_stats``              1 when other roles' sessions are visible
+``pgdispatch_db_claim_calls_total``            the claim's calls and time in the database
+``pgdispatch_db_claim_seconds_total``          (pg_stat_user_functions; with track_functions)
 ``pgdispatch_transaction_retries_total``       this process's retried transactions
 ``{name,sqlstate}``
 ``pgdispatch_statement_deadlines_total``       this process's statements past the deadline
@@ -57,7 +68,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 import pgdispatch.sql.metrics as shared
-from pgdispatch.sql import DatabaseUnavailable, reads
+from pgdispatch.sql import DatabaseUnavailable, health, reads
 from pgdispatch.sql.db import ping_database
 
 from .db import get_conn
@@ -186,12 +197,70 @@ class _StateCollector:
         yield live
 
 
+class _HealthCollector:
+    """Gauges of the database's health computed at scrape time (sql/health.py)."""
+
+    def __init__(self, data: dict):
+        self.data = data
+
+    def collect(self):
+        d = self.data
+        per_table = {
+            "pgdispatch_db_dead_tuples": ("Dead tuples of the hot table (pg_stat_user_tables; "
+                                          "vacuum removes those no snapshot may see).",
+                                          "dead_tuples"),
+            "pgdispatch_db_live_tuples": ("Live tuples of the hot table (pg_stat_user_tables).",
+                                          "live_tuples"),
+            "pgdispatch_db_table_bytes": ("Total size of the hot table in bytes, its indexes "
+                                          "and TOAST included.", "total_bytes"),
+            "pgdispatch_db_index_bytes": ("Size of the hot table's indexes in bytes.",
+                                          "index_bytes"),
+        }
+        for name, (doc, key) in per_table.items():
+            family = _gauge(name, doc, ["table"])
+            for t in d["tables"]:
+                family.add_metric([t["table_name"]], t[key])
+            yield family
+        age = _gauge("pgdispatch_db_horizon_age_seconds",
+                     "How long the oldest session or prepared transaction of this kind has held "
+                     "the xmin horizon, in seconds (0: none holds it).", ["kind"])
+        xmin = _gauge("pgdispatch_db_horizon_xmin_age",
+                      "Age in transactions of the oldest xmin held by a holder of this kind "
+                      "(0: none holds it).", ["kind"])
+        for kind in health.HOLDER_KINDS:
+            mine = [h for h in d["holders"] if h["kind"] == kind]
+            if kind != "slot":
+                age.add_metric([kind], max((h["xact_age_seconds"] or 0.0 for h in mine),
+                                           default=0.0))
+            xmin.add_metric([kind], max((h["xmin_age"] or 0 for h in mine), default=0))
+        yield age
+        yield xmin
+        visible = _gauge("pgdispatch_db_reads_all_stats",
+                         "1 when the horizon read sees other roles' sessions (the owner has "
+                         "pg_read_all_stats), else 0.")
+        visible.add_metric([], 1 if d["reads_all_stats"] else 0)
+        yield visible
+        claim = d["claim"]
+        calls = CounterMetricFamily("pgdispatch_db_claim_calls",
+                                    "Calls of pgd_claim and pgd_claim_batch counted by the server "
+                                    "(pg_stat_user_functions, track_functions pl or all).")
+        spent = CounterMetricFamily("pgdispatch_db_claim_seconds",
+                                    "Time spent inside pgd_claim and pgd_claim_batch, in seconds, "
+                                    "as the server counts it.")
+        if claim["is_available"]:
+            calls.add_metric([], claim["calls"])
+            spent.add_metric([], claim["total_seconds"])
+        yield calls
+        yield spent
+
+
 @bp.get("/metrics")
 def metrics():
     """This process's own counters plus gauges read from the database now."""
     data = reads.overview(get_conn(), live_seconds=current_app.config["RUNNER_LIVE_SECONDS"])
     scrape = CollectorRegistry(auto_describe=False)
     scrape.register(_StateCollector(data))
+    scrape.register(_HealthCollector(health.read_database_health(get_conn())))
     path = multiprocess_dir()
     if path:
         workers = CollectorRegistry(auto_describe=False)

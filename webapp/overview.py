@@ -1,5 +1,5 @@
 """Overview: capacity per organization and pool, waiting jobs by reason, uncertain targets,
-and the charts of the last hour or day (webapp/charts.py)."""
+a banner when a session holds the database's xmin horizon back too long, and the charts of the last hour or day (webapp/charts.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 from flask import Blueprint, abort, current_app, make_response, redirect, url_for
 
-from pgdispatch.sql import history, reads
+from pgdispatch.sql import health, history, reads
 from pgdispatch.sql.explain import REASON_CODES
 
 from . import charts
@@ -37,16 +37,27 @@ def _charts_context(span: str) -> dict:
             "chart_version": int(time.time() // 60)}
 
 
+def _pinned_horizon() -> dict | None:
+    """The session or prepared transaction that has held the xmin horizon back longer than
+    HORIZON_ALERT_SECONDS (the longest such), or None."""
+    oldest = health.read_horizon(get_conn())["oldest"]
+    limit = current_app.config["HORIZON_ALERT_SECONDS"]
+    if oldest is not None and oldest["xact_age_seconds"] > limit:
+        return {**oldest, "alert_seconds": limit}
+    return None
+
+
 @bp.get("/")
 def index():
     """The overview page, or its live fragment (polled every few seconds)."""
     span = _span()
     data = reads.overview(get_conn(), live_seconds=current_app.config["RUNNER_LIVE_SECONDS"])
     uncertain = [t for t in data["targets"] if t["state"] == "uncertain"]
+    pinned = _pinned_horizon()
     # the summary's 2-second poll gets no charts: they have their own, every minute
     extra = {} if is_htmx() else _charts_context(span)
     return render_view("overview/index.html", "overview/_summary.html", data=data,
-                       uncertain=uncertain, reason_codes=REASON_CODES,
+                       uncertain=uncertain, pinned=pinned, reason_codes=REASON_CODES,
                        waiting=data["waiting"], **extra)
 
 

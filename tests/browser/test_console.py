@@ -97,7 +97,7 @@ def test_operator_pauses_a_project_and_the_queue_follows(live_server, context, w
 
     for name, path in [("overview", "/"), ("targets", "/targets/"), ("target", "/targets/staging"),
                        ("job-detail", f"/jobs/{made['failed']['id']}"), ("runners", "/runners/"),
-                       ("pools", "/pools/"),
+                       ("pools", "/pools/"), ("database", "/database/"),
                        ("audit", "/audit/"), ("search", "/jobs/search?q=make"),
                        ("bulk-retry", "/jobs/bulk?action=retry")]:
         projects.goto(live_server + path)

@@ -37,7 +37,8 @@ WEB = {"pgdispatch_queue_depth", "pgdispatch_queue_primary_depth", "pgdispatch_q
        "pgdispatch_pool_live_runners", "pgdispatch_pool_running", "pgdispatch_pool_slots",
        "pgdispatch_pool_runner_slots", "pgdispatch_pool_free_runner_slots",
        "pgdispatch_organization_running", "pgdispatch_organization_max_running",
-       "pgdispatch_uncertain_targets", "pgdispatch_jobs", "pgdispatch_queue_summary_age_seconds"}
+       "pgdispatch_uncertain_targets", "pgdispatch_jobs", "pgdispatch_queue_summary_age_seconds",
+       "pgdispatch_db_horizon_age_seconds"}
 SCHEDULER = {"pgdispatch_claims_total", "pgdispatch_claim_seconds", "pgdispatch_wait_seconds",
              "pgdispatch_lease_expirations_total", "pgdispatch_lease_expiry_failures_total",
              "pgdispatch_transaction_retries_total", "pgdispatch_statement_deadlines_total",

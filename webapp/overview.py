@@ -1,5 +1,6 @@
 """Overview: capacity per organization and pool, waiting jobs by reason, uncertain targets,
-a banner when a session holds the database's xmin horizon back too long, and the charts of the last hour or day (webapp/charts.py)."""
+a banner when a session holds the database's xmin horizon back too long, and the charts of
+the last hour or day (webapp/charts.py)."""
 
 from __future__ import annotations
 

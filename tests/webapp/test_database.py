@@ -70,8 +70,8 @@ def test_no_banner_below_the_threshold(viewer, foreign):
 def test_metrics_show_the_horizon_age_at_least_the_holders(app, foreign, db_url):
     time.sleep(0.2)
     with db.connect(db_url) as c:  # a superuser: the holder's age as the server sees it
-        held = c.execute("SELECT extract(epoch FROM statement_timestamp() - xact_start)::float8 AS s"
-                         " FROM pg_stat_activity WHERE pid = %s", (foreign.pid,)).fetchone()
+        held = c.execute("SELECT extract(epoch FROM statement_timestamp() - xact_start)::float8"
+                         " AS s FROM pg_stat_activity WHERE pid = %s", (foreign.pid,)).fetchone()
     text = app.test_client().get("/metrics").get_data(as_text=True)
 
     def sample(name: str) -> float:

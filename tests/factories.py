@@ -2,14 +2,30 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+from collections.abc import Iterator
 from typing import Any
 
-from pgdispatch.sql import config, transitions
+from pgdispatch.sql import config, db, transitions
 from pgdispatch.sql.queries import Q
 
 _seq = itertools.count(1)
+
+
+@contextlib.contextmanager
+def snapshot_holder(url: str, *, application_name: str, marker: str) -> Iterator[Any]:
+    """A session of the database at ``url`` idle in a repeatable-read transaction that holds
+    a snapshot (the xmin horizon), its last statement carrying ``marker`` (its query text,
+    which no reader of the database's health may see); the connection, with its server
+    ``pid``. Rolled back at the end."""
+    with db.connect(url, application_name=application_name) as c:
+        c.pid = c.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]
+        c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        c.execute(f"SELECT '{marker}' AS marker")
+        yield c
+        c.execute("ROLLBACK")
 
 
 class World:

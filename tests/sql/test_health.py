@@ -13,21 +13,16 @@ import pytest
 from pgdispatch.sql import db, health
 
 from ..conftest import CONSOLE_LOGIN
-from ..factories import World
+from ..factories import World, snapshot_holder
 
 MARKER = "horizon-secret-marker-7f3a"
 
 
 @pytest.fixture
 def foreign(db_url):
-    """A foreign session of this database holding a snapshot: idle in a repeatable-read
-    transaction whose last statement carries MARKER (its query text, which nobody may see)."""
-    with db.connect(db_url, application_name="foreign-holder") as c:
-        c.pid = c.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]
-        c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        c.execute(f"SELECT '{MARKER}' AS marker")  # its last query: what nobody may see
+    """A foreign session of this database holding a snapshot, its last query MARKER."""
+    with snapshot_holder(db_url, application_name="foreign-holder", marker=MARKER) as c:
         yield c
-        c.execute("ROLLBACK")
 
 
 def _flush(conn) -> None:

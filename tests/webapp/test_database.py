@@ -11,18 +11,16 @@ import pytest
 
 from pgdispatch.sql import db
 
+from ..factories import snapshot_holder
+
 MARKER = "page-secret-marker-51c2"
 
 
 @pytest.fixture
 def foreign(db_url):
-    """A session of this database idle in a repeatable-read transaction holding a snapshot."""
-    with db.connect(db_url, application_name="nightly-report") as c:
-        c.pid = c.execute("SELECT pg_backend_pid() AS pid").fetchone()["pid"]
-        c.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-        c.execute(f"SELECT '{MARKER}' AS marker")  # its last query: what nobody may see
+    """A foreign session of this database holding a snapshot, its last query MARKER."""
+    with snapshot_holder(db_url, application_name="nightly-report", marker=MARKER) as c:
         yield c
-        c.execute("ROLLBACK")
 
 
 def test_the_page_names_the_holder_first_and_the_hot_tables(viewer, foreign):

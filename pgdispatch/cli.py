@@ -436,8 +436,8 @@ def jobs_list(obj: Context, state: str | None, organization: str | None, project
               before_id: int | None, after_id: int | None, as_json: bool) -> None:
     """Jobs, newest first, filtered: id, state, organization/project, pool, target, runner,
     age, running for (or how long it took) and command; with --reason, how long each has
-    waited and since when. When more may match, the options of the next page are said on
-    stderr (with --json too)."""
+    waited and since when. When more may match, the options of the next page (this page's
+    filters and the cursors) are said on stderr (with --json too)."""
     from pgdispatch.sql import reads
 
     with obj.connect() as conn:
@@ -458,8 +458,16 @@ def jobs_list(obj: Context, state: str | None, organization: str | None, project
             v is not None for v in (state, organization, project, pool, target, runner_id, reason,
                                     older_than, younger_than)) else "no jobs")
     if page["next"]:
-        click.echo("more: " + " ".join(f"--{name.removesuffix('_id')} {value}"
-                                       for name, value in page["next"].items()), err=True)
+        # the whole next page: this page's filters (and limit, when not the default), then
+        # the cursors, so that the line run as it stands lists the same jobs onward
+        given = [("state", state), ("organization", organization), ("project", project),
+                 ("pool", pool), ("target", target), ("runner", runner_id), ("reason", reason),
+                 ("older-than", older_than), ("younger-than", younger_than),
+                 ("limit", None if limit == 20 else limit)]
+        given += [(name.removesuffix("_id"), value) for name, value in page["next"].items()]
+        click.echo("more: " + " ".join(f"--{name} {value:g}" if isinstance(value, float)
+                                       else f"--{name} {value}"
+                                       for name, value in given if value is not None), err=True)
 
 
 @jobs.command("search")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from psycopg import sql as pgsql
+
 from .db import transition
 from .queries import Q
 
@@ -69,3 +71,13 @@ def read_horizon(conn, *, holders_limit: int = HOLDERS_LIMIT) -> dict[str, Any]:
     holders = list(Q.read_horizon_holders(conn, limit=holders_limit))
     return {"holders": holders, "oldest": oldest_holder(holders),
             "reads_all_stats": bool(Q.reads_all_stats(conn))}
+
+
+def keep_claim_statistics(conn) -> None:
+    """Have the server count the claim functions' calls and time in this database's new
+    sessions (ALTER DATABASE … SET track_functions = 'pl'; what ``read_database_health``
+    reports as the claim's time). For a login that owns the database or a superuser: the
+    demo's embedded server. Raises psycopg.Error otherwise."""
+    name = conn.execute("SELECT current_database() AS name").fetchone()["name"]
+    conn.execute(pgsql.SQL("ALTER DATABASE {} SET track_functions = 'pl'").format(
+        pgsql.Identifier(name)))

@@ -29,7 +29,7 @@ one never exports them.
 ``pgdispatch_queue_summary_age_seconds``       age of the oldest queue summary row
 ``pgdispatch_db_dead_tuples{table}``           dead tuples of each hot table (sql/health.py),
 ``pgdispatch_db_live_tuples{table}``           and live ones (pg_stat_user_tables)
-``pgdispatch_db_table_bytes{table}``           a hot table's total size, indexes and TOAST in
+``pgdispatch_db_total_bytes{table}``           a hot table's total size, indexes and TOAST in
 ``pgdispatch_db_index_bytes{table}``           it; its indexes alone
 ``pgdispatch_db_horizon_age_seconds{kind}``    how long the oldest session / prepared
                                                transaction has held the xmin horizon (0: none)
@@ -211,7 +211,7 @@ class _HealthCollector:
                                           "dead_tuples"),
             "pgdispatch_db_live_tuples": ("Live tuples of the hot table (pg_stat_user_tables).",
                                           "live_tuples"),
-            "pgdispatch_db_table_bytes": ("Total size of the hot table in bytes, its indexes "
+            "pgdispatch_db_total_bytes": ("Total size of the hot table in bytes, its indexes "
                                           "and TOAST included.", "total_bytes"),
             "pgdispatch_db_index_bytes": ("Size of the hot table's indexes in bytes.",
                                           "index_bytes"),

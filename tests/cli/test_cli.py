@@ -70,7 +70,7 @@ def test_jobs_list_pages_the_newest_jobs_and_filters_by_state(pgd, conn):
     assert [int(line.split()[0]) for line in lines] == ids[:1:-1]
     assert lines[0].split()[:5] == [str(ids[4]), "queued", "acme/web", "linux", "-"]
     assert lines[0].split()[-2:] == ["echo", "4"]
-    assert listed.stderr == f"more: --before {ids[2]}\n"
+    assert listed.stderr == f"more: --limit 3 --before {ids[2]}\n"
     older = json.loads(pgd("jobs", "list", "--limit", "3", "--before-id", str(ids[2]), "--json").stdout)
     assert [j["id"] for j in older["jobs"]] == [ids[1], ids[0]] and older["next"] is None
     cancelled = json.loads(pgd("jobs", "list", "--state", "cancelled", "--json").stdout)["jobs"]

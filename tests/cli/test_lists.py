@@ -145,11 +145,27 @@ def test_a_resolved_deployment_its_trail_and_the_overview(pgd, world):
     # how long it has waited, and since when
     assert re.search(r" \d+ s +\d{4}-\d\d-\d\d \d\d:\d\d:\d\dZ +approval_required", why[1]), why[1]
 
+def test_the_next_page_line_keeps_the_filters_in_creation_order(pgd, world):
+    """`more:` says the whole next page: run as it stands, an age-filtered list goes on in
+    creation order, not from the newest job by id."""
+    ids = [world.job()["id"] for _ in range(5)]
+    # created in the reverse of id order: ids[0] an hour ago, ids[4] five hours ago
+    for hours, job_id in enumerate(ids, 1):
+        world.conn.execute("UPDATE jobs SET created_at = now() - make_interval(hours => %s) "
+                           "WHERE id = %s", (hours, job_id))
+    first = pgd("jobs", "list", "--older-than", "60", "--limit", "2", "--json")
+    order = [j["id"] for j in json.loads(first.stdout)["jobs"]]
+    assert order == [ids[0], ids[1]]
+    assert first.stderr == f"more: --older-than 60 --limit 2 --before {ids[1]}\n"
+    following = pgd("jobs", "list", *first.stderr.split()[1:], "--json")
+    assert [j["id"] for j in json.loads(following.stdout)["jobs"]] == [ids[2], ids[3]]
+
+
 def test_a_window_keeps_its_upper_bound_and_bad_numbers_exit_2(pgd, world):
     ids = [world.job()["id"] for _ in range(6)]
     page = pgd("jobs", "list", "--after", str(ids[0]), "--before", str(ids[5]), "--limit", "2", "--json")
     assert [j["id"] for j in json.loads(page.stdout)["jobs"]] == ids[1:3]
-    assert page.stderr == f"more: --after {ids[2]} --before {ids[5]}\n"
+    assert page.stderr == f"more: --limit 2 --after {ids[2]} --before {ids[5]}\n"
     for args in (("jobs", "list", "--limit", "1_0"), ("jobs", "list", "--limit", "١٠"),
                  ("jobs", "list", "--older-than", "1_000"), ("jobs", "show", "١"),
                  ("audit", "list", "--job", "424242"), ("jobs", "list", "--organization", "x" * 5000)):

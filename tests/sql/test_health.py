@@ -111,3 +111,13 @@ def test_the_claims_time_comes_from_the_function_statistics(db_url, console_url)
     # the console's own sessions run with the default ('none'): the server's counts are read
     assert claim["calls"] == 2
     assert claim["mean_ms"] > 0
+
+
+def test_keeping_the_claim_statistics_turns_them_on_for_new_sessions(db_url):
+    """What `pgdispatch demo` does to its database, so that its Database page has the claim's
+    time: new sessions count the claim functions (track_functions 'pl')."""
+    with db.connect(db_url) as c:
+        assert c.execute("SHOW track_functions").fetchone()["track_functions"] == "none"
+        health.keep_claim_statistics(c)
+    with db.connect(db_url) as c:
+        assert c.execute("SHOW track_functions").fetchone()["track_functions"] == "pl"

@@ -82,6 +82,6 @@ def test_metrics_show_the_horizon_age_at_least_the_holders(app, foreign, db_url)
     assert sample('pgdispatch_db_horizon_age_seconds{kind="prepared"}') == 0
     assert sample('pgdispatch_db_horizon_xmin_age{kind="session"}') >= 0
     assert sample('pgdispatch_db_dead_tuples{table="jobs"}') >= 0
-    assert sample('pgdispatch_db_table_bytes{table="jobs"}') > 0
+    assert sample('pgdispatch_db_total_bytes{table="jobs"}') > 0
     assert sample("pgdispatch_db_reads_all_stats") == 1
     assert "# TYPE pgdispatch_db_claim_calls_total counter" in text

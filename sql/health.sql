@@ -1,19 +1,29 @@
 -- name: read_table_health
 -- Vacuum's view of the hot tables (the queue's churn: claims, completions, receipts, the
 -- capacity stripes, the audit log): live and dead tuples, the last (auto)vacuum and
--- (auto)analyze, and their sizes in bytes. pg_stat_user_tables and the size functions need no
--- privilege on the table; the counters lag a live transaction by up to a second (statistics
--- are flushed at transaction end). Read-only.
+-- (auto)analyze, and their sizes in bytes. Takes no lock on any table: a page or a scrape
+-- never waits behind a VACUUM FULL or an ALTER TABLE (pg_total_relation_size and its kin
+-- take an AccessShareLock each), so the sizes are the catalog's page counts (pg_class.relpages
+-- of the table, its TOAST table and its indexes, times the block size), as of the last
+-- VACUUM, ANALYZE or CREATE INDEX of each; the tuple counters lag a live transaction by up
+-- to a second (statistics are flushed at transaction end). Read-only.
 SELECT t.relname::text AS table_name, s.n_live_tup AS live_tuples, s.n_dead_tup AS dead_tuples,
        s.last_vacuum, s.last_autovacuum, s.last_analyze, s.last_autoanalyze,
        s.vacuum_count + s.autovacuum_count AS vacuums,
-       pg_total_relation_size(s.relid) AS total_bytes, pg_table_size(s.relid) AS table_bytes,
-       pg_indexes_size(s.relid) AS index_bytes
+       (c.relpages + coalesce(x.relpages, 0) + i.pages) * b.size AS total_bytes,
+       (c.relpages + coalesce(x.relpages, 0)) * b.size AS table_bytes,
+       i.pages * b.size AS index_bytes
   FROM unnest(ARRAY['jobs', 'attempts', 'delivery_receipts', 'claim_tombstones',
                     'capacity_stripes', 'project_running_stripes', 'capacity_debts',
                     'job_dependencies', 'audit_events', 'queue_summaries', 'runners',
                     'duty_leases']) WITH ORDINALITY AS t (relname, ord)
   JOIN pg_stat_user_tables s ON s.relname = t.relname AND s.schemaname = 'public'
+  JOIN pg_class c ON c.oid = s.relid
+  LEFT JOIN pg_class x ON x.oid = c.reltoastrelid
+  CROSS JOIN LATERAL (SELECT coalesce(sum(ic.relpages), 0)::bigint AS pages
+                        FROM pg_index ix JOIN pg_class ic ON ic.oid = ix.indexrelid
+                       WHERE ix.indrelid = c.oid) i
+  CROSS JOIN (SELECT current_setting('block_size')::bigint AS size) b
  ORDER BY t.ord;
 
 -- name: read_horizon_holders

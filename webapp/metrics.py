@@ -223,13 +223,16 @@ class _HealthCollector:
             yield family
         age = _gauge("pgdispatch_db_horizon_age_seconds",
                      "How long the oldest session or prepared transaction of this kind has held "
-                     "the xmin horizon, in seconds (0: none holds it).", ["kind"])
+                     "the xmin horizon, in seconds (0: none holds it; no sample when the "
+                     "ages cannot be seen: pgdispatch_db_reads_all_stats 0).", ["kind"])
         xmin = _gauge("pgdispatch_db_horizon_xmin_age",
                       "Age in transactions of the oldest xmin held by a holder of this kind "
                       "(0: none holds it).", ["kind"])
         for kind in health.HOLDER_KINDS:
             mine = [h for h in d["holders"] if h["kind"] == kind]
-            if kind != "slot":
+            # without pg_read_all_stats another role's session shows no age: 0 would read
+            # as "none holds it", so no sample then
+            if kind != "slot" and (d["reads_all_stats"] or kind != "session"):
                 age.add_metric([kind], max((h["xact_age_seconds"] or 0.0 for h in mine),
                                            default=0.0))
             xmin.add_metric([kind], max((h["xmin_age"] or 0 for h in mine), default=0))

@@ -83,6 +83,7 @@ def test_dead_tuples_appear_after_deleting_rows(db_url, console_url):
             world.job()
         c.execute("DELETE FROM job_dependencies")
         deleted = c.execute("UPDATE jobs SET priority = priority + 1").rowcount
+        c.execute("ANALYZE jobs")  # the sizes are the catalog's, as of the last ANALYZE
         _flush(c)
     with db.connect(console_url) as web:
         tables = {t["table_name"]: t for t in health.read_database_health(web)["tables"]}
@@ -91,6 +92,18 @@ def test_dead_tuples_appear_after_deleting_rows(db_url, console_url):
     assert tables["jobs"]["dead_tuples"] >= deleted == 5
     assert tables["jobs"]["total_bytes"] >= tables["jobs"]["table_bytes"] > 0
     assert tables["jobs"]["index_bytes"] > 0
+
+
+def test_the_health_read_waits_for_no_table_lock(db_url, console_url):
+    """A VACUUM FULL or an ALTER TABLE of a hot table (ACCESS EXCLUSIVE) must not hold the
+    Database page or a scrape: the read takes no lock on the tables (their sizes are the
+    catalog's page counts). pg_total_relation_size would wait for the lock here."""
+    with db.connect(db_url) as locker, locker.transaction():
+        locker.execute("LOCK TABLE duty_leases, audit_events IN ACCESS EXCLUSIVE MODE")
+        with db.connect(console_url) as web:
+            web.execute("SET lock_timeout = '2s'")
+            tables = {t["table_name"] for t in health.read_database_health(web)["tables"]}
+    assert {"duty_leases", "audit_events", "jobs"} <= tables
 
 
 def test_the_claims_time_comes_from_the_function_statistics(db_url, console_url):

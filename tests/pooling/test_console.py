@@ -28,10 +28,14 @@ PAGES = ("/", "/queue/", "/projects/", "/targets/", "/jobs/", "/jobs/?state=fail
          # folded runners, a job's trail
          "/?span=day", "/charts/depth.svg", "/charts/wait.svg", "/queue/?sort=oldest",
          "/queue/?reason=approval_required", "/jobs/?state=running&organization=acme",
-         "/runners/?show=stopped", "/audit/?job=1")
+         "/runners/?show=stopped", "/audit/?job=1",
+         # issue 21's age order (find_job_list_bounds before list_jobs, one transaction) and
+         # issue 22's Database page (the definer functions of sql/functions/health.sql)
+         "/jobs/?older_than=0", "/jobs/?older_than=0&before_id=3",
+         "/jobs/?older_than=0&after_id=1", "/database/")
 API_LISTS = ("/api/v1/jobs", "/api/v1/jobs?state=running&pool=linux", "/api/v1/overview",
              "/api/v1/projects", "/api/v1/pools", "/api/v1/targets", "/api/v1/runners",
-             "/api/v1/audit")
+             "/api/v1/audit", "/api/v1/jobs?older_than=0&state=failed")
 FRAGMENTS = ("/", "/queue/", "/targets/", "/runners/")
 
 
